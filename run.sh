@@ -13,12 +13,14 @@ ensure_env() {  # $1: extras to install, e.g. "demo" or "test"
   if [ ! -x "$VENV/bin/python" ]; then
     echo "[run.sh] creating $VENV" >&2
     "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q --upgrade pip 2>/dev/null || true
   fi
   local stamp="$VENV/.jasr-installed-$1"
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "[run.sh] installing jasr[$1] into $VENV (first use only)" >&2
-    "$VENV/bin/python" -m pip install -q -e ".[$1]"
+    if ! "$VENV/bin/python" -m pip install -e ".[$1]" > "$VENV/pip-install-$1.log" 2>&1; then
+      tail -n 40 "$VENV/pip-install-$1.log" >&2; echo "[run.sh] pip install failed (log: $VENV/pip-install-$1.log)" >&2; exit 1
+    fi
     touch "$stamp"
   fi
 }
