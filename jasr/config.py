@@ -1,0 +1,390 @@
+"""Run configs as code (ml_collections), command-line overrides and validation before anything starts.
+
+A config file is a Python file with ``get_config()`` (or ``get_config(arg)`` for ``path.py:arg``) returning a
+``ConfigDict``; configs start from :func:`base_config`, which is also the schema: :func:`validate_config` rejects
+a key that the schema does not have (naming the closest one), a value of the wrong type, and values out of range,
+before any data is read or any model is built. The ``model`` section is checked against the fields of the chosen
+model's config dataclass (see :data:`MODEL_NAMES`).
+
+Command line (``ml_collections`` conventions): ``--config configs/x.py --config.optim.lr=3e-4 --workdir DIR``.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import json
+import os
+from typing import Any, Sequence
+
+import ml_collections
+
+MODEL_NAMES = ("conformer_ctc", "conformer_aed", "wav2vec2_ctc", "wav2vec2_pretrain", "whisper")
+LOSSES = ("ctc", "attention", "joint", "wav2vec2_pretrain")
+PRECISIONS = ("float32", "bfloat16")
+
+# Sections whose keys are free-form (names of splits -> manifest paths) or checked elsewhere (model fields).
+_OPEN_SECTIONS = ("data.eval_manifests", "model")
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names it."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Defaults and schema of a run config. Every config starts from this."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.data = ml_collections.ConfigDict()
+    c.data.train_manifest = ""          # JSONL (shared/data format); relative paths are relative to the repo root
+    c.data.dev_manifest = ""            # dev set for WER during training ("" = no dev evaluation)
+    c.data.eval_manifests = ml_collections.ConfigDict()  # extra named splits for decode.py --split NAME
+    c.data.speakers_train = ()          # if set: keep only these speakers of train_manifest
+    c.data.speakers_dev = ()            # if set: dev = these speakers of dev_manifest (or of train_manifest)
+    c.data.demo = False                 # build the synthetic demo corpus (jasr.demo_data) and use its splits
+    c.data.demo_dir = ".cache/demo_corpus"
+    c.data.demo_num_train = 2000
+    c.data.demo_num_dev = 200
+    c.data.demo_num_heldout = 300
+    c.data.demo_max_words = 4
+    c.data.tokenizer = "char"           # "char" (built from the train transcripts) or a path to a tokenizer file
+    c.data.sample_rate = 16000
+    c.data.feature = "fbank"            # "fbank" | "mfcc" | "whisper" | "raw" (waveform, for wav2vec2)
+    c.data.num_mel_bins = 80
+    c.data.normalize = "utterance"      # "none" | "utterance"
+    c.data.batch_size = 16              # utterances per batch (padded rows are masked)
+    c.data.bucket_frames = (200, 400, 800, 1600)   # static frame buckets (input frames or samples for "raw")
+    c.data.max_label_len = 64           # labels padded to a bucket of this many tokens (longer: error)
+    c.data.num_workers = 0              # loader worker processes (0: in-process)
+    c.data.shuffle_seed = 0
+    c.data.spec_augment = False
+    c.data.cache_features = True        # keep computed features in memory across epochs
+
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "conformer_ctc"
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.type = "ctc"                 # "ctc" | "attention" | "joint" | "wav2vec2_pretrain"
+    c.loss.ctc_weight = 0.3             # joint: ctc_weight * CTC + (1 - ctc_weight) * attention
+    c.loss.label_smoothing = 0.1        # attention CE
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 1e-3
+    c.optim.schedule = "cosine"         # "cosine" | "noam" | "constant" (all with linear warmup)
+    c.optim.warmup_steps = 500          # in optimiser updates
+    c.optim.final_lr_ratio = 0.0        # cosine: final lr = lr * final_lr_ratio
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.98
+    c.optim.eps = 1e-8
+    c.optim.weight_decay = 0.01
+    c.optim.clip_norm = 1.0             # global-norm clipping (0 disables)
+    c.optim.grad_accum = 1              # micro-batches per optimiser update
+
+    c.train = ml_collections.ConfigDict()
+    c.train.num_steps = 1000            # train_step calls (micro-batches); updates = num_steps // grad_accum
+    c.train.log_every = 50
+    c.train.eval_every = 500            # dev WER/CER every N steps (and at the end)
+    c.train.checkpoint_every = 500      # and at the end
+    c.train.keep_last = 3
+    c.train.keep_best = 1               # by dev WER
+    c.train.async_checkpoint = True
+    c.train.precision = "float32"       # "float32" | "bfloat16" (compute dtype; params and optimiser stay fp32)
+    c.train.max_eval_batches = 0        # 0 = the whole dev set
+    c.train.progress = True             # tqdm bar
+    c.train.tensorboard = True
+    c.train.init_from = ""              # HF directory to initialise from (wav2vec2_ctc / whisper)
+    c.train.stop_after = 0              # stop (checkpointed) after this many steps of this process (0 = no)
+    return c
+
+
+def _suggest(key: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(options), n=3)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _check_keys(cfg: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str) -> None:
+    for key in cfg.keys():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            raise ConfigError(f"unknown config key {path!r}{_suggest(key, list(schema.keys()))}")
+        if path in _OPEN_SECTIONS:
+            continue
+        v, s = cfg[key], schema[key]
+        if isinstance(s, ml_collections.ConfigDict):
+            if not isinstance(v, ml_collections.ConfigDict):
+                raise ConfigError(f"config {path!r} must be a section, got {v!r}")
+            _check_keys(v, s, path + ".")
+        else:
+            _check_type(path, v, s)
+
+
+def _check_type(path: str, value: Any, default: Any) -> None:
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    elif isinstance(default, (tuple, list)):
+        ok = isinstance(value, (tuple, list))
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(f"config {path!r} must be a {type(default).__name__}, got {value!r}")
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def model_config_class(name: str):
+    """The dataclass that holds the hyper-parameters of model `name` (imported lazily)."""
+    if name in ("conformer_ctc",):
+        from models.conformer import ConformerConfig
+        return ConformerConfig
+    if name == "conformer_aed":
+        from models.aed import AEDConfig
+        return AEDConfig
+    if name == "wav2vec2_ctc":
+        from models.wav2vec2 import Wav2Vec2Config
+        return Wav2Vec2Config
+    if name == "wav2vec2_pretrain":
+        from models.wav2vec2 import Wav2Vec2Config
+        return Wav2Vec2Config
+    if name == "whisper":
+        from models.whisper import WhisperConfig
+        return WhisperConfig
+    raise ConfigError(f"config 'model.name' must be one of {MODEL_NAMES}, got {name!r}")
+
+
+def model_fields(cfg: ml_collections.ConfigDict) -> dict:
+    """The model section minus ``name``, as a plain dict (tuples for lists)."""
+    out = {}
+    for k, v in cfg.model.items():
+        if k == "name":
+            continue
+        out[k] = v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
+    return out
+
+
+def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True, repo_root: str | None = None
+                    ) -> None:
+    """Raises :class:`ConfigError` naming the first bad key or value. Checks files exist if `check_paths`."""
+    _check_keys(cfg, base_config(), "")
+    d, o, t, l = cfg.data, cfg.optim, cfg.train, cfg.loss
+    _require(d.feature in ("fbank", "mfcc", "whisper", "raw"),
+             f"config 'data.feature' must be 'fbank', 'mfcc', 'whisper' or 'raw', got {d.feature!r}")
+    _require(d.normalize in ("none", "utterance"), f"config 'data.normalize' must be 'none' or 'utterance', "
+                                                   f"got {d.normalize!r}")
+    _require(d.sample_rate in (8000, 16000, 22050, 24000, 44100, 48000),
+             f"config 'data.sample_rate' must be a standard rate, got {d.sample_rate}")
+    _require(d.batch_size >= 1, f"config 'data.batch_size' must be >= 1, got {d.batch_size}")
+    _require(len(d.bucket_frames) >= 1 and all(isinstance(b, int) and b > 0 for b in d.bucket_frames)
+             and list(d.bucket_frames) == sorted(d.bucket_frames),
+             f"config 'data.bucket_frames' must be increasing positive ints, got {tuple(d.bucket_frames)}")
+    _require(d.max_label_len >= 1, f"config 'data.max_label_len' must be >= 1, got {d.max_label_len}")
+    _require(d.num_mel_bins >= 1, f"config 'data.num_mel_bins' must be >= 1, got {d.num_mel_bins}")
+    _require(d.num_workers >= 0, f"config 'data.num_workers' must be >= 0, got {d.num_workers}")
+    for name in ("demo_num_train", "demo_num_dev", "demo_num_heldout", "demo_max_words"):
+        _require(d[name] >= (1 if name in ("demo_num_train", "demo_max_words") else 0),
+                 f"config 'data.{name}' out of range: {d[name]}")
+    if not d.demo:
+        _require(bool(d.train_manifest), "config 'data.train_manifest' is empty (set it, or data.demo=True)")
+    _require(cfg.model.get("name") in MODEL_NAMES,
+             f"config 'model.name' must be one of {MODEL_NAMES}, got {cfg.model.get('name')!r}")
+    _require(l.type in LOSSES, f"config 'loss.type' must be one of {LOSSES}, got {l.type!r}")
+    _require(0.0 <= l.ctc_weight <= 1.0, f"config 'loss.ctc_weight' must be in [0, 1], got {l.ctc_weight}")
+    _require(0.0 <= l.label_smoothing < 1.0, f"config 'loss.label_smoothing' must be in [0, 1), "
+                                             f"got {l.label_smoothing}")
+    compatible = {"conformer_ctc": ("ctc",), "wav2vec2_ctc": ("ctc",), "conformer_aed": ("attention", "joint"),
+                  "whisper": ("attention",), "wav2vec2_pretrain": ("wav2vec2_pretrain",)}[cfg.model.name]
+    _require(l.type in compatible, f"config 'loss.type'={l.type!r} does not fit model {cfg.model.name!r} "
+                                   f"(use one of {compatible})")
+    _require(o.lr > 0, f"config 'optim.lr' must be > 0, got {o.lr}")
+    _require(o.schedule in ("cosine", "noam", "constant"),
+             f"config 'optim.schedule' must be 'cosine', 'noam' or 'constant', got {o.schedule!r}")
+    _require(o.warmup_steps >= 0, f"config 'optim.warmup_steps' must be >= 0, got {o.warmup_steps}")
+    _require(0.0 <= o.final_lr_ratio <= 1.0, f"config 'optim.final_lr_ratio' must be in [0, 1], "
+                                             f"got {o.final_lr_ratio}")
+    _require(0.0 <= o.b1 < 1.0 and 0.0 <= o.b2 < 1.0, f"config 'optim.b1'/'optim.b2' must be in [0, 1), "
+                                                      f"got {o.b1}, {o.b2}")
+    _require(o.eps > 0, f"config 'optim.eps' must be > 0, got {o.eps}")
+    _require(o.weight_decay >= 0, f"config 'optim.weight_decay' must be >= 0, got {o.weight_decay}")
+    _require(o.clip_norm >= 0, f"config 'optim.clip_norm' must be >= 0, got {o.clip_norm}")
+    _require(o.grad_accum >= 1, f"config 'optim.grad_accum' must be >= 1, got {o.grad_accum}")
+    _require(t.num_steps >= 1, f"config 'train.num_steps' must be >= 1, got {t.num_steps}")
+    _require(t.num_steps % o.grad_accum == 0, f"config 'train.num_steps'={t.num_steps} must be a multiple of "
+                                              f"'optim.grad_accum'={o.grad_accum}")
+    for k in ("log_every", "eval_every", "checkpoint_every", "keep_last"):
+        _require(t[k] >= 1, f"config 'train.{k}' must be >= 1, got {t[k]}")
+    _require(t.checkpoint_every % t.log_every == 0,
+             f"config 'train.checkpoint_every'={t.checkpoint_every} must be a multiple of 'train.log_every'="
+             f"{t.log_every} (so that a resumed run logs the same averages)")
+    _require(t.keep_best >= 0, f"config 'train.keep_best' must be >= 0, got {t.keep_best}")
+    _require(t.precision in PRECISIONS, f"config 'train.precision' must be one of {PRECISIONS}, "
+                                        f"got {t.precision!r}")
+    _require(t.max_eval_batches >= 0 and t.stop_after >= 0, "config 'train.max_eval_batches' and "
+                                                            "'train.stop_after' must be >= 0")
+    # the model section: every key must be a field of the model's config dataclass
+    cls = model_config_class(cfg.model.name)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for k in model_fields(cfg):
+        _require(k in fields, f"unknown config key 'model.{k}' for model {cfg.model.name!r}"
+                              f"{_suggest(k, sorted(fields))}")
+    if check_paths:
+        root = repo_root or os.getcwd()
+        paths = [("data.train_manifest", d.train_manifest), ("data.dev_manifest", d.dev_manifest),
+                 ("train.init_from", t.init_from)]
+        paths += [(f"data.eval_manifests.{k}", v) for k, v in d.eval_manifests.items()]
+        for key, p in paths:
+            if p and not (d.demo and key.startswith("data.")):
+                full = p if os.path.isabs(p) else os.path.join(root, p)
+                _require(os.path.exists(full), f"config {key!r}: {p!r} does not exist (resolved to {full})")
+        if d.tokenizer != "char":
+            full = d.tokenizer if os.path.isabs(d.tokenizer) else os.path.join(root, d.tokenizer)
+            _require(os.path.exists(full), f"config 'data.tokenizer': {d.tokenizer!r} is neither 'char' nor an "
+                                           f"existing file")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# loading and command line
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """Loads ``path.py`` or ``path.py:arg`` (ml_collections convention) and returns its ``get_config(...)``."""
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise ConfigError(f"--config: file {path!r} not found")
+    mod_spec = importlib.util.spec_from_file_location(f"_jasr_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"--config: {path!r} has no get_config() function")
+    cfg = module.get_config(arg) if arg else module.get_config()
+    if not isinstance(cfg, ml_collections.ConfigDict):
+        raise ConfigError(f"--config: {path}:get_config() must return an ml_collections.ConfigDict")
+    return cfg
+
+
+def _parse_value(raw: str, current: Any, key: str) -> Any:
+    if isinstance(current, bool):
+        low = raw.lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"--config.{key}: expected a bool, got {raw!r}")
+    if isinstance(current, str) or current is None:
+        try:
+            v = ast.literal_eval(raw)
+            return v if current is None else raw
+        except (ValueError, SyntaxError):
+            return raw
+    try:
+        v = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        raise ConfigError(f"--config.{key}: cannot parse {raw!r} as a {type(current).__name__}") from None
+    if isinstance(current, float) and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if isinstance(current, tuple) and isinstance(v, (list, tuple)):
+        v = tuple(v)
+    elif isinstance(current, tuple) and not isinstance(v, (list, tuple)):
+        v = (v,)
+    if type(v) is not type(current) and not (isinstance(current, float) and isinstance(v, float)):
+        raise ConfigError(f"--config.{key}: expected a {type(current).__name__}, got {raw!r}")
+    return v
+
+
+def apply_override(cfg: ml_collections.ConfigDict, key: str, raw: str) -> None:
+    """Sets dotted `key` (e.g. ``optim.lr``) from the string `raw`, typed like the current value."""
+    parts = key.split(".")
+    node = cfg
+    for i, p in enumerate(parts[:-1]):
+        if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
+            where = ".".join(parts[:i]) or "<root>"
+            opts = [k for k in node.keys()] if isinstance(node, ml_collections.ConfigDict) else []
+            raise ConfigError(f"--config.{key}: unknown config key {'.'.join(parts[:i + 1])!r} "
+                              f"(under {where}){_suggest(p, opts)}")
+        node = node[p]
+    last = parts[-1]
+    open_section = ".".join(parts[:-1]) in _OPEN_SECTIONS
+    if last not in node:
+        if open_section:
+            with node.unlocked():
+                node[last] = _parse_value(raw, None, key)
+            return
+        raise ConfigError(f"--config.{key}: unknown config key {key!r}{_suggest(last, list(node.keys()))}")
+    current = node[last]
+    if isinstance(current, ml_collections.ConfigDict):
+        raise ConfigError(f"--config.{key}: is a section, set one of its keys ({', '.join(current.keys())})")
+    value = _parse_value(raw, current, key)
+    with node.ignore_type():
+        node[last] = value
+
+
+def parse_overrides(argv: Sequence[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+    """Splits argv into (config spec, [(key, raw value)], rest). Accepts ``--x=v`` and ``--x v``."""
+    spec, overrides, rest = None, [], []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        a = argv[i]
+        if a == "--config" or a.startswith("--config=") or a.startswith("--config."):
+            name, eq, val = a[2:].partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"{a}: missing value")
+                val = argv[i + 1]
+                i += 1
+            if name == "config":
+                spec = val
+            else:
+                overrides.append((name[len("config."):], val))
+        else:
+            rest.append(a)
+        i += 1
+    return spec, overrides, rest
+
+
+def config_from_argv(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """``--config FILE[:arg]`` plus ``--config.key=value`` overrides -> (config, remaining args)."""
+    spec, overrides, rest = parse_overrides(argv)
+    if spec is None:
+        raise ConfigError("--config FILE is required (e.g. --config configs/demo.py)")
+    cfg = load_config_file(spec)
+    for key, raw in overrides:
+        apply_override(cfg, key, raw)
+    return cfg, rest
+
+
+def save_config(cfg: ml_collections.ConfigDict, path: str) -> None:
+    """Writes the resolved config as JSON (atomically)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(cfg.to_json_best_effort(indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def load_saved_config(path: str) -> ml_collections.ConfigDict:
+    """Reads a config written by :func:`save_config` back into a ConfigDict on top of the schema."""
+    with open(path) as f:
+        raw = json.load(f)
+    cfg = base_config()
+
+    def fill(node, values, prefix):
+        for k, v in values.items():
+            if isinstance(v, dict) and (k in node and isinstance(node[k], ml_collections.ConfigDict)):
+                fill(node[k], v, prefix + k + ".")
+            else:
+                with node.ignore_type():
+                    if k not in node:
+                        with node.unlocked():
+                            node[k] = tuple(v) if isinstance(v, list) else v
+                    else:
+                        node[k] = tuple(v) if isinstance(v, list) else v
+    fill(cfg, raw, "")
+    return cfg
