@@ -1,0 +1,180 @@
+"""Data augmentation: SpecAugment in jax (explicit PRNG key, respects paddings) and host-side waveform
+perturbations in numpy (speed, volume, additive noise) with an explicit np.random.Generator.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["spec_augment", "time_warp", "speed_perturb", "volume_perturb", "add_noise", "AudioAugment"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SpecAugment (device, jax).
+
+def _valid_lengths(paddings):
+    import jax.numpy as jnp
+    return jnp.sum(1.0 - paddings.astype(jnp.float32), axis=1).astype(jnp.int32)
+
+
+def _masks_1d(key, size, limit, num_masks, max_width):
+    """[num_masks] random intervals [start, start + w) inside [0, limit), w ~ U{0..max_width} -> mask [size] bool."""
+    import jax
+    import jax.numpy as jnp
+    k_w, k_s = jax.random.split(key)
+    max_w = jnp.minimum(jnp.asarray(max_width, jnp.int32), limit)
+    widths = jax.random.randint(k_w, (num_masks,), 0, max_w + 1)
+    starts = (jax.random.uniform(k_s, (num_masks,)) * (limit - widths + 1).astype(jnp.float32)).astype(jnp.int32)
+    pos = jnp.arange(size)[None, :]
+    return jnp.any((pos >= starts[:, None]) & (pos < (starts + widths)[:, None]), axis=0)
+
+
+def time_warp(key, features, paddings, max_warp: int):
+    """SpecAugment time warp: features [B, T, F], paddings [B, T] -> [B, T, F].
+
+    Per example, a centre c in [W, L - W) (L = valid length) moves by w ~ U[-W, W]; valid frames are resampled
+    piecewise-linearly (linear interpolation in time); padded frames are untouched. Examples with L <= 2W + 1 stay.
+    """
+    import jax
+    import jax.numpy as jnp
+    b, t, _ = features.shape
+    lengths = _valid_lengths(paddings)
+
+    def one(k, x, length):
+        k_c, k_w = jax.random.split(k)
+        lf = length.astype(jnp.float32)
+        ok = length > 2 * max_warp + 1
+        c = jax.random.randint(k_c, (), max_warp, jnp.maximum(length - max_warp, max_warp + 1)).astype(jnp.float32)
+        w = jax.random.randint(k_w, (), -max_warp, max_warp + 1).astype(jnp.float32)
+        tt = jnp.arange(t, dtype=jnp.float32)
+        new_c = c + w
+        src = jnp.where(tt < new_c, tt * c / jnp.maximum(new_c, 1.0),
+                        c + (tt - new_c) * (lf - c) / jnp.maximum(lf - new_c, 1.0))
+        src = jnp.clip(src, 0.0, jnp.maximum(lf - 1.0, 0.0))
+        lo = jnp.floor(src).astype(jnp.int32)
+        hi = jnp.minimum(lo + 1, jnp.maximum(length - 1, 0))
+        frac = (src - lo)[:, None]
+        warped = x[lo] * (1.0 - frac) + x[hi] * frac
+        keep = (~ok) | (tt >= lf)
+        return jnp.where(keep[:, None], x, warped)
+
+    return jax.vmap(one)(jax.random.split(key, b), features, lengths)
+
+
+def spec_augment(key, features, paddings, *, num_freq_masks: int = 2, max_freq_width: int = 27,
+                 num_time_masks: int = 2, max_time_width: int = 40, max_time_ratio: float = 0.05,
+                 max_time_warp: int = 0, mask_value: float = 0.0):
+    """SpecAugment (Park et al. 2019): features [B, T, F], paddings [B, T] (1.0 = padded) -> features [B, T, F].
+
+    Frequency masks: `num_freq_masks` bands of width U{0..max_freq_width}. Time masks: `num_time_masks` spans of
+    width U{0..min(max_time_width, max_time_ratio * L)} placed inside each example's valid length L, so padding
+    never absorbs a mask. Optional time warp (max_time_warp > 0) first. Masked cells get `mask_value`; padded
+    frames are left as they were. Pure function of `key`; jit-able.
+    """
+    import jax
+    import jax.numpy as jnp
+    features = jnp.asarray(features)
+    paddings = jnp.asarray(paddings)
+    if features.ndim != 3 or paddings.shape != features.shape[:2]:
+        raise ValueError(f"spec_augment needs features [B, T, F] and paddings [B, T], got {features.shape} "
+                         f"and {paddings.shape}")
+    b, t, f = features.shape
+    k_warp, k_f, k_t = jax.random.split(key, 3)
+    if max_time_warp > 0:
+        features = time_warp(k_warp, features, paddings, max_time_warp)
+    lengths = _valid_lengths(paddings)
+    fmask = jax.vmap(lambda k: _masks_1d(k, f, jnp.int32(f), num_freq_masks, max_freq_width))(
+        jax.random.split(k_f, b)) if num_freq_masks > 0 else jnp.zeros((b, f), bool)
+
+    def tmask_one(k, length):
+        width = jnp.minimum(max_time_width, jnp.floor(max_time_ratio * length.astype(jnp.float32)).astype(jnp.int32))
+        return _masks_1d(k, t, length, num_time_masks, width)
+
+    tmask = jax.vmap(tmask_one)(jax.random.split(k_t, b), lengths) if num_time_masks > 0 else jnp.zeros((b, t), bool)
+    valid = paddings < 0.5
+    mask = (fmask[:, None, :] | tmask[:, :, None]) & valid[:, :, None]
+    return jnp.where(mask, jnp.asarray(mask_value, features.dtype), features)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Waveform perturbations (host, numpy).
+
+def speed_perturb(audio: np.ndarray, sample_rate: int, factor: float) -> np.ndarray:
+    """Kaldi/sox-style speed change (tempo and pitch): [n] -> float32 [~n / factor].
+
+    The signal is treated as if recorded at sample_rate * factor and resampled (soxr) to sample_rate.
+    """
+    import soxr
+    if factor <= 0:
+        raise ValueError(f"speed factor must be positive, got {factor}")
+    audio = np.asarray(audio, np.float32)
+    if factor == 1.0:
+        return audio
+    return soxr.resample(audio, sample_rate * factor, sample_rate, quality="HQ").astype(np.float32, copy=False)
+
+
+def volume_perturb(audio: np.ndarray, gain_db: float) -> np.ndarray:
+    """Scales by 10^(gain_db / 20): [n] -> float32 [n]."""
+    return (np.asarray(audio, np.float32) * np.float32(10.0 ** (gain_db / 20.0))).astype(np.float32)
+
+
+def add_noise(audio: np.ndarray, noise: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:
+    """Adds `noise` (random crop, tiled if shorter) scaled to the given SNR (mean power ratio): [n] -> float32 [n]."""
+    audio = np.asarray(audio, np.float64)
+    noise = np.asarray(noise, np.float64)
+    n = audio.shape[0]
+    if noise.ndim != 1 or noise.shape[0] == 0:
+        raise ValueError(f"noise must be a non-empty [m] array, got shape {noise.shape}")
+    if noise.shape[0] < n:
+        noise = np.tile(noise, -(-n // noise.shape[0]))
+    start = int(rng.integers(0, noise.shape[0] - n + 1))
+    noise = noise[start:start + n]
+    p_sig, p_noise = np.mean(audio ** 2), np.mean(noise ** 2)
+    if p_noise <= 0.0 or p_sig <= 0.0:
+        return audio.astype(np.float32)
+    scale = np.sqrt(p_sig / (p_noise * 10.0 ** (snr_db / 10.0)))
+    return (audio + scale * noise).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioAugment:
+    """Host-side waveform augmentation for the data loader: `aug(audio, sample_rate, rng) -> audio`.
+
+    speeds: factors drawn uniformly per utterance (e.g. (0.9, 1.0, 1.1)). gain_db: (low, high) uniform gain.
+    noise_snr_db: (low, high) uniform SNR, applied with probability noise_prob; noise from `noise_files`
+    (read with jasr.audio.load_audio) or, when none are given, white Gaussian noise.
+    """
+    speeds: Sequence[float] = (1.0,)
+    gain_db: tuple[float, float] | None = None
+    noise_snr_db: tuple[float, float] | None = None
+    noise_prob: float = 1.0
+    noise_files: Sequence[str] = ()
+
+    def __post_init__(self):
+        if not self.speeds or any(s <= 0 for s in self.speeds):
+            raise ValueError(f"AudioAugment.speeds must be positive factors, got {self.speeds}")
+
+    @property
+    def min_speed(self) -> float:
+        return float(min(self.speeds))
+
+    @property
+    def max_speed(self) -> float:
+        return float(max(self.speeds))
+
+    def __call__(self, audio: np.ndarray, sample_rate: int, rng: np.random.Generator) -> np.ndarray:
+        speed = float(self.speeds[int(rng.integers(len(self.speeds)))])
+        audio = speed_perturb(audio, sample_rate, speed)
+        if self.gain_db is not None:
+            audio = volume_perturb(audio, float(rng.uniform(*self.gain_db)))
+        if self.noise_snr_db is not None and rng.random() < self.noise_prob:
+            snr = float(rng.uniform(*self.noise_snr_db))
+            if self.noise_files:
+                from jasr.audio import load_audio
+                noise = load_audio(self.noise_files[int(rng.integers(len(self.noise_files)))], sample_rate)
+            else:
+                noise = rng.standard_normal(audio.shape[0])
+            audio = add_noise(audio, noise, snr, rng)
+        return audio

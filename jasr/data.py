@@ -1,0 +1,541 @@
+"""Manifests and the grain input pipeline: duration buckets, dynamic batches by total frames, fixed bucket shapes.
+
+Batches are planned per epoch on the host as a pure function of (seed, epoch): utterances are put in duration
+buckets, each bucket has a fixed batch size B_b = max_frames // T_b, so every epoch has the same number of batches
+and every batch of a bucket has the same padded shape (B_b, T_b, N_b). A grain DataLoader reads batch plans by
+global index (sharded round-robin across hosts) and builds them in worker processes; its iterator's
+`get_state()` / `set_state()` resume at the exact batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, Iterable, Sequence
+
+import grain.python as grain
+import numpy as np
+
+from jasr.audio import AudioError, audio_info, load_audio
+from jasr.features import CmvnStats, FeatureConfig, compute_features, feature_dim, num_frames
+
+__all__ = ["Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig",
+           "AsrLoader", "make_loader", "plan_epoch", "AUDIO_EXTENSIONS"]
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".au")
+
+
+class ManifestError(ValueError):
+    """A manifest or transcript file is malformed (the message names file:line or the utterance)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Utterance:
+    """One utterance. `audio_path` is absolute; `offset`/`duration` in seconds (offset into the file)."""
+    id: str
+    audio_path: str
+    text: str
+    duration: float
+    sample_rate: int | None = None
+    speaker: str | None = None
+    offset: float = 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Manifests.
+
+_AUDIO_KEYS = ("audio_filepath", "audio", "audio_path", "path")
+_TEXT_KEYS = ("text", "transcript", "sentence")
+
+
+def read_manifest(path: str | os.PathLike, *, check_audio: bool = True,
+                  allow_empty_text: bool = False) -> list[Utterance]:
+    """JSONL manifest -> list[Utterance]. Lines: NeMo (`audio_filepath`, `duration`, `text`) or this repo's data
+    (`id`, `audio`, `text`, `sample_rate`, `duration`, `speaker`). Relative audio paths are relative to the
+    manifest's folder. Missing `duration` is read from the audio header. Blank lines are skipped.
+
+    Raises ManifestError naming file:line for bad JSON, missing fields, empty transcripts, duplicate ids, and
+    (check_audio) audio files that do not exist.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise ManifestError(f"cannot read manifest {path}: {e}") from e
+    base = os.path.dirname(os.path.abspath(path))
+    out, seen = [], {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        audio = next((d[k] for k in _AUDIO_KEYS if k in d), None)
+        if not isinstance(audio, str) or not audio:
+            raise ManifestError(f"{where}: no audio path (one of {', '.join(_AUDIO_KEYS)})")
+        text = next((d[k] for k in _TEXT_KEYS if k in d), None)
+        if not isinstance(text, str):
+            raise ManifestError(f"{where}: no transcript (one of {', '.join(_TEXT_KEYS)})")
+        text = " ".join(text.split())
+        if not text and not allow_empty_text:
+            raise ManifestError(f"{where}: empty transcript")
+        audio_path = audio if os.path.isabs(audio) else os.path.join(base, audio)
+        audio_path = os.path.normpath(audio_path)
+        if check_audio and not os.path.isfile(audio_path):
+            raise ManifestError(f"{where}: audio file not found: {audio_path}")
+        uid = str(d.get("id", d.get("utt_id", os.path.splitext(os.path.basename(audio))[0])))
+        offset = float(d.get("offset", 0.0))
+        duration = d.get("duration")
+        sr = d.get("sample_rate")
+        if duration is None:
+            try:
+                info = audio_info(audio_path)
+            except AudioError as e:
+                raise ManifestError(f"{where}: no duration and {e}") from e
+            duration, sr = info.duration - offset, sr or info.sample_rate
+        try:
+            duration = float(duration)
+        except (TypeError, ValueError):
+            raise ManifestError(f"{where}: duration {duration!r} is not a number") from None
+        if not duration > 0:
+            raise ManifestError(f"{where}: duration must be positive, got {duration}")
+        if uid in seen:
+            raise ManifestError(f"{where}: duplicate id {uid!r} (first at line {seen[uid]})")
+        seen[uid] = lineno
+        out.append(Utterance(id=uid, audio_path=audio_path, text=text, duration=duration,
+                             sample_rate=int(sr) if sr else None,
+                             speaker=str(d["speaker"]) if d.get("speaker") is not None else None, offset=offset))
+    return out
+
+
+def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike) -> None:
+    """Writes NeMo-style JSONL (absolute `audio_filepath`, plus id, duration, text, sample_rate, speaker)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for u in utterances:
+            d = {"id": u.id, "audio_filepath": u.audio_path, "duration": u.duration, "text": u.text}
+            if u.offset:
+                d["offset"] = u.offset
+            if u.sample_rate:
+                d["sample_rate"] = u.sample_rate
+            if u.speaker is not None:
+                d["speaker"] = u.speaker
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+
+
+def read_folder(folder: str | os.PathLike, *, extensions: Sequence[str] = AUDIO_EXTENSIONS) -> list[Utterance]:
+    """A folder (searched recursively) of audio files with transcripts -> list[Utterance], sorted by id.
+
+    A transcript is either a sibling `<stem>.txt` / `<stem>.lab` file holding the text, or a line `<stem> TEXT`
+    in a `*.trans.txt` (LibriSpeech) or `text` (Kaldi) file anywhere in the folder. Durations come from headers.
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    if not os.path.isdir(folder):
+        raise ManifestError(f"not a folder: {folder}")
+    audio_files, table = {}, {}
+    for root, _, files in os.walk(folder):
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            stem, ext = os.path.splitext(name)
+            if ext.lower() in extensions:
+                if stem in audio_files:
+                    raise ManifestError(f"two audio files with id {stem!r}: {audio_files[stem]} and {full}")
+                audio_files[stem] = full
+            elif name.endswith(".trans.txt") or name == "text":
+                with open(full, encoding="utf-8") as f:
+                    for lineno, line in enumerate(f, 1):
+                        if line.strip():
+                            parts = line.strip().split(maxsplit=1)
+                            if len(parts) < 2:
+                                raise ManifestError(f"{full}:{lineno}: empty transcript for {parts[0]!r}")
+                            table[parts[0]] = (parts[1], f"{full}:{lineno}")
+    out = []
+    for stem, apath in sorted(audio_files.items()):
+        text = None
+        for ext in (".txt", ".lab"):
+            side = os.path.splitext(apath)[0] + ext
+            if os.path.isfile(side):
+                with open(side, encoding="utf-8") as f:
+                    text, where = " ".join(f.read().split()), side
+                break
+        if text is None and stem in table:
+            text, where = table[stem]
+        if text is None:
+            raise ManifestError(f"no transcript for audio file {apath} (expected {stem}.txt, {stem}.lab, "
+                                f"or a line in a *.trans.txt / text file)")
+        if not text:
+            raise ManifestError(f"{where}: empty transcript")
+        info = audio_info(apath)
+        out.append(Utterance(id=stem, audio_path=apath, text=text, duration=info.duration,
+                             sample_rate=info.sample_rate))
+    if not out:
+        raise ManifestError(f"no audio files ({', '.join(extensions)}) under {folder}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batch planning.
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """How utterances become fixed-shape batches.
+
+    max_frames: padded feature frames per batch (B * T); each duration bucket gets B = max_frames // T
+      (floored to a multiple of batch_pad_multiple, at least batch_pad_multiple, at most max_batch_size).
+    bucket_boundaries: upper duration edges in seconds (ascending); None picks `num_buckets` edges at duration
+      quantiles of the data. Utterances longer than the last edge raise (or are dropped with drop_too_long).
+    frame_pad_multiple / label_pad_multiple: T and N are rounded up to these.
+    label_bucket_boundaries: None gives one label length N per duration bucket (its longest label); a tuple of
+      lengths pads each batch's labels to the smallest boundary that fits (more shapes, less padding).
+    subsampling: the model's frame rate reduction; a label must have at most (frames // subsampling) tokens,
+      else make_loader raises (or drops with drop_unfit).
+    output: "features" (host features) or "audio" (raw waveforms `audio [B, S]`, `audio_paddings [B, S]`, for
+      features computed on device with jasr.features.compute_features_jax).
+    """
+    max_frames: int = 20000
+    bucket_boundaries: tuple[float, ...] | None = None
+    num_buckets: int = 6
+    frame_pad_multiple: int = 16
+    label_pad_multiple: int = 8
+    label_bucket_boundaries: tuple[int, ...] | None = None
+    batch_pad_multiple: int = 1
+    max_batch_size: int | None = None
+    subsampling: int = 1
+    drop_too_long: bool = False
+    drop_unfit: bool = False
+    output: str = "features"
+
+    def __post_init__(self):
+        if self.output not in ("features", "audio"):
+            raise ValueError(f"BatchConfig.output must be 'features' or 'audio', got {self.output!r}")
+        if self.max_frames <= 0 or self.batch_pad_multiple <= 0 or self.subsampling <= 0:
+            raise ValueError("BatchConfig: max_frames, batch_pad_multiple and subsampling must be positive")
+        if self.bucket_boundaries is not None:
+            b = tuple(self.bucket_boundaries)
+            if not b or any(x <= 0 for x in b) or list(b) != sorted(set(b)):
+                raise ValueError(f"bucket_boundaries must be positive and strictly ascending, got {b}")
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-int(x) // m) * m
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bucket:
+    max_duration: float   # seconds of (possibly slowed-down) audio the bucket admits
+    frames: int           # T (features) ...
+    samples: int          # ... or S (raw audio), padded
+    batch_size: int       # B
+    label_len: int        # N (when label_bucket_boundaries is None)
+
+
+def _frames_for(duration: float, feature_config: FeatureConfig) -> int:
+    # +1 sample covers resampler rounding; frames from the same formula as the feature functions.
+    return num_frames(int(math.ceil(duration * feature_config.sample_rate)) + 1, feature_config)
+
+
+def _bucket_lengths(edge: float, fc: FeatureConfig, bc: BatchConfig) -> tuple[int, int]:
+    """Padded (frames T, samples S) of a bucket admitting `edge` seconds of audio."""
+    t = _round_up(max(_frames_for(edge, fc), 1), bc.frame_pad_multiple)
+    s = _round_up(int(math.ceil(edge * fc.sample_rate)) + 1, bc.frame_pad_multiple * 16)
+    return t, s
+
+
+def plan_epoch(bucket_of: np.ndarray, batch_sizes: Sequence[int], *, seed: int, epoch: int, shuffle: bool,
+               shard_count: int = 1) -> list[tuple[int, np.ndarray]]:
+    """Batches of one epoch: list of (bucket, utterance indices). Pure function of its arguments.
+
+    Each bucket's utterances (shuffled if `shuffle`) are cut into chunks of its batch size; the batch order is
+    then shuffled. With shard_count > 1 empty batches (bucket 0, no indices) pad the count to a multiple of it.
+    """
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    batches = []
+    for b, bs in enumerate(batch_sizes):
+        idx = np.flatnonzero(bucket_of == b)
+        if shuffle:
+            idx = rng.permutation(idx)
+        batches += [(b, idx[i:i + bs]) for i in range(0, idx.shape[0], bs)]
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    while len(batches) % shard_count:
+        batches.append((0, np.zeros((0,), np.int64)))
+    return batches
+
+
+class _BatchSampler:
+    """grain Sampler: global index i -> record i with rng Philox(seed + i); finite or endless."""
+
+    def __init__(self, batches_per_epoch: int, num_epochs: int | None, seed: int):
+        self._bpe, self._num_epochs, self._seed = batches_per_epoch, num_epochs, seed
+        self._len = sys.maxsize if num_epochs is None else batches_per_epoch * num_epochs
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, index: int):
+        if index < 0 or index >= self._len:
+            raise IndexError(f"batch index {index} out of range [0, {self._len})")
+        rng = np.random.Generator(np.random.Philox(key=self._seed + index))
+        return grain.RecordMetadata(index=index, record_key=index, rng=rng)
+
+    def __repr__(self):
+        return (f"jasr._BatchSampler(batches_per_epoch={self._bpe}, num_epochs={self._num_epochs}, "
+                f"seed={self._seed})")
+
+
+class _BatchPlanSource:
+    """grain RandomAccessDataSource: global batch index -> (bucket, utterance indices) of that epoch's plan."""
+
+    def __init__(self, bucket_of, batch_sizes, batches_per_epoch, seed, shuffle, shard_count, fingerprint):
+        self._bucket_of, self._batch_sizes = bucket_of, tuple(batch_sizes)
+        self._bpe, self._seed, self._shuffle, self._shard_count = batches_per_epoch, seed, shuffle, shard_count
+        self._fingerprint = fingerprint
+
+    def __len__(self):
+        return sys.maxsize
+
+    @functools.lru_cache(maxsize=2)
+    def _plan(self, epoch):
+        return plan_epoch(self._bucket_of, self._batch_sizes, seed=self._seed, epoch=epoch, shuffle=self._shuffle,
+                          shard_count=self._shard_count)
+
+    def __getitem__(self, index: int):
+        epoch, i = divmod(int(index), self._bpe)
+        bucket, idx = self._plan(epoch)[i]
+        return {"bucket": bucket, "indices": idx, "epoch": epoch}
+
+    def __repr__(self):
+        return (f"jasr._BatchPlanSource(batches_per_epoch={self._bpe}, seed={self._seed}, shuffle={self._shuffle}, "
+                f"shard_count={self._shard_count}, data={self._fingerprint})")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batch construction (runs in grain workers).
+
+class _BuildBatch:
+    """grain RandomMapTransform: batch plan -> padded numpy batch dict (see make_loader)."""
+
+    def __init__(self, utterances, labels, buckets, label_buckets, feature_config, batch_config, cmvn, augment):
+        self.utts, self.labels, self.buckets = utterances, labels, buckets
+        self.label_buckets, self.fc, self.bc, self.cmvn, self.augment = (label_buckets, feature_config,
+                                                                         batch_config, cmvn, augment)
+
+    def random_map(self, plan, rng: np.random.Generator):
+        bk = self.buckets[plan["bucket"]]
+        idx = plan["indices"]
+        labels = [self.labels[i] for i in idx]
+        longest = max((len(l) for l in labels), default=0)
+        if self.label_buckets is None:
+            n = bk.label_len
+        else:
+            n = next((x for x in self.label_buckets if x >= longest), self.label_buckets[-1])
+        b = bk.batch_size
+        out: dict[str, Any] = {}
+        lab = np.zeros((b, n), np.int32)
+        lab_pad = np.ones((b, n), np.float32)
+        for r, l in enumerate(labels):
+            lab[r, :len(l)] = l
+            lab_pad[r, :len(l)] = 0.0
+        raw = self.bc.output == "audio"
+        length = bk.samples if raw else bk.frames
+        if raw:
+            x = np.zeros((b, length), np.float32)
+        else:
+            x = np.zeros((b, length, feature_dim(self.fc)), np.float32)
+        x_pad = np.ones((b, length), np.float32)
+        for r, i in enumerate(idx):
+            u = self.utts[i]
+            audio = load_audio(u.audio_path, self.fc.sample_rate, offset=u.offset,
+                               duration=u.duration if u.offset else None)
+            if self.augment is not None:
+                audio = np.asarray(self.augment(audio, self.fc.sample_rate, rng), np.float32)
+            if raw:
+                feats = audio
+            else:
+                feats = compute_features(audio, self.fc, cmvn=self.cmvn, rng=rng if self.fc.dither else None)
+                if self.fc.kind == "whisper":
+                    feats = feats.T
+            if feats.shape[0] > length:
+                raise ValueError(f"utterance {u.id!r} ({u.audio_path}) gives {feats.shape[0]} "
+                                 f"{'samples' if raw else 'frames'}, more than its bucket's {length}: its "
+                                 f"manifest duration {u.duration} s is too short")
+            x[r, :feats.shape[0]] = feats
+            x_pad[r, :feats.shape[0]] = 0.0
+        out["audio" if raw else "features"] = x
+        out["audio_paddings" if raw else "feature_paddings"] = x_pad
+        out["labels"] = lab
+        out["label_paddings"] = lab_pad
+        ids = [self.utts[i].id for i in idx] + [""] * (b - len(idx))
+        out["ids"] = np.array(ids, dtype=np.str_) if ids else np.zeros((0,), np.str_)
+        dur = np.zeros((b,), np.float32)
+        dur[:len(idx)] = [self.utts[i].duration for i in idx]
+        out["durations"] = dur
+        ex_pad = np.ones((b,), np.float32)
+        ex_pad[:len(idx)] = 0.0
+        out["example_paddings"] = ex_pad
+        return out
+
+
+class AsrLoader:
+    """Iterable of fixed-shape batches (a configured grain DataLoader). `iter(loader)` gives a grain
+    DataLoaderIterator with `get_state() -> bytes` / `set_state(bytes)`.
+
+    Attributes: batches_per_epoch (global, all shards), steps_per_epoch (this shard), bucket_shapes (the
+    (B, T, N) shapes batches can have; T counts samples when output="audio"), buckets, num_utterances, dropped
+    (ids left out by drop_too_long / drop_unfit).
+    """
+
+    def __init__(self, data_loader, buckets, shapes, batches_per_epoch, shard_count, num_utterances, dropped):
+        self.data_loader, self.buckets, self.bucket_shapes = data_loader, buckets, shapes
+        self.batches_per_epoch, self.num_utterances, self.dropped = batches_per_epoch, num_utterances, dropped
+        self.steps_per_epoch = batches_per_epoch // shard_count
+
+    def __iter__(self):
+        return iter(self.data_loader)
+
+    def __repr__(self):
+        return (f"AsrLoader(utterances={self.num_utterances}, batches_per_epoch={self.batches_per_epoch}, "
+                f"shapes={self.bucket_shapes})")
+
+
+def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: FeatureConfig,
+                batch_config: BatchConfig = BatchConfig(), *, seed: int = 0, shuffle: bool = True,
+                num_epochs: int | None = 1, worker_count: int = 0, worker_buffer_size: int = 2,
+                shard_index: int = 0, shard_count: int = 1,
+                augment: Callable[[np.ndarray, int, np.random.Generator], np.ndarray] | None = None,
+                label_fn: Callable[[str], Sequence[int]] | None = None,
+                cmvn: CmvnStats | None = None) -> AsrLoader:
+    """Builds the grain input pipeline. Batches are dicts of numpy arrays:
+
+      features [B, T, F] float32, feature_paddings [B, T] (or audio [B, S], audio_paddings [B, S]),
+      labels [B, N] int32 (padding 0), label_paddings [B, N], ids [B] str ("" for padding rows),
+      durations [B] float32, example_paddings [B] (1.0 = padding row: all its frames and labels are padded).
+
+    (B, T, N) is one of `loader.bucket_shapes`. Each epoch yields every utterance exactly once (across all shards).
+    `augment(audio, sample_rate, rng)` (e.g. jasr.augment.AudioAugment) runs host-side with a per-batch
+    deterministic rng; `label_fn(text)` overrides `tokenizer.encode`. Multi-host: pass
+    shard_index=jax.process_index(), shard_count=jax.process_count() (a grain ShardOptions is built from them).
+    """
+    if not utterances:
+        raise ValueError("make_loader: no utterances")
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
+    if num_epochs is not None and num_epochs <= 0:
+        raise ValueError(f"num_epochs must be positive or None, got {num_epochs}")
+    bc, fc = batch_config, feature_config
+    encode = label_fn or tokenizer.encode
+    if cmvn is None and fc.normalize == "global":
+        if not fc.cmvn_path:
+            raise ValueError("normalize='global' needs CMVN stats: pass cmvn= or set FeatureConfig.cmvn_path")
+        cmvn = CmvnStats.load(fc.cmvn_path)
+
+    labels = []
+    for u in utterances:
+        if not u.text.strip():
+            raise ValueError(f"utterance {u.id!r}: empty transcript")
+        try:
+            ids = np.asarray(encode(u.text), np.int32)
+        except ValueError as e:
+            raise ValueError(f"utterance {u.id!r}: {e}") from e
+        if ids.size == 0:
+            raise ValueError(f"utterance {u.id!r}: transcript {u.text!r} encodes to no tokens")
+        labels.append(ids)
+
+    min_speed = float(getattr(augment, "min_speed", 1.0))
+    max_speed = float(getattr(augment, "max_speed", 1.0))
+    longest = np.array([u.duration / min_speed for u in utterances])
+    shortest = np.array([u.duration / max_speed for u in utterances])
+
+    if bc.bucket_boundaries is not None:
+        edges = np.asarray(bc.bucket_boundaries, np.float64)
+    else:
+        qs = np.quantile(longest, np.linspace(0, 1, bc.num_buckets + 1)[1:])
+        edges = np.unique(np.ceil(qs * 100.0) / 100.0)   # 10 ms resolution, last edge >= longest
+    # edges whose padded length equals the next edge's would give the same shape: merge them
+    lens = [_bucket_lengths(e, fc, bc)[1 if bc.output == "audio" else 0] for e in edges]
+    edges = np.asarray([e for i, e in enumerate(edges) if i == len(edges) - 1 or lens[i] != lens[i + 1]])
+    bucket_of = np.searchsorted(edges, longest - 1e-9, side="left")
+    dropped = []
+    keep = np.ones(len(utterances), bool)
+    too_long = bucket_of >= len(edges)
+    if too_long.any():
+        bad = [utterances[i].id for i in np.flatnonzero(too_long)]
+        if not bc.drop_too_long:
+            raise ValueError(f"{len(bad)} utterances are longer than the last bucket edge {edges[-1]} s "
+                             f"(e.g. {bad[:3]}); raise bucket_boundaries or set drop_too_long")
+        dropped += bad
+        keep &= ~too_long
+    # labels must fit the frames (after subsampling) of the shortest version of the audio
+    fit_frames = np.array([_frames_for(d, fc) for d in shortest]) // bc.subsampling
+    lab_len = np.array([len(l) for l in labels])
+    unfit = keep & (lab_len > fit_frames)
+    if unfit.any():
+        bad = [f"{utterances[i].id} ({lab_len[i]} tokens > {fit_frames[i]} frames)" for i in np.flatnonzero(unfit)]
+        if not bc.drop_unfit:
+            raise ValueError(f"{len(bad)} labels are longer than the frames they must fit (subsampling "
+                             f"{bc.subsampling}): {bad[:3]}; set drop_unfit to leave them out")
+        dropped += [utterances[i].id for i in np.flatnonzero(unfit)]
+        keep &= ~unfit
+    if not keep.any():
+        raise ValueError("make_loader: every utterance was dropped")
+    bucket_of = np.where(keep, bucket_of, -1)
+
+    buckets = []
+    for b, edge in enumerate(edges):
+        t, s = _bucket_lengths(edge, fc, bc)
+        bs = max(bc.max_frames // t, 1)
+        if bc.max_batch_size:
+            bs = min(bs, bc.max_batch_size)
+        bs = max(bs // bc.batch_pad_multiple, 1) * bc.batch_pad_multiple
+        in_b = bucket_of == b
+        n = _round_up(max(int(lab_len[in_b].max()) if in_b.any() else 1, 1), bc.label_pad_multiple)
+        buckets.append(_Bucket(float(edge), t, s, bs, n))
+    label_buckets = None
+    if bc.label_bucket_boundaries is not None:
+        label_buckets = tuple(sorted(_round_up(x, bc.label_pad_multiple) for x in bc.label_bucket_boundaries))
+        if lab_len[keep].max() > label_buckets[-1]:
+            raise ValueError(f"a label has {lab_len[keep].max()} tokens, more than the last label bucket "
+                             f"{label_buckets[-1]}")
+
+    used = sorted(set(bucket_of[keep].tolist()))
+    shapes = set()
+    for b in used:
+        bk = buckets[b]
+        length = bk.samples if bc.output == "audio" else bk.frames
+        for n in (label_buckets or (bk.label_len,)):
+            shapes.add((bk.batch_size, length, n))
+    sizes = [bk.batch_size for bk in buckets]
+    counts = [int(np.sum(bucket_of == b)) for b in range(len(buckets))]
+    bpe = sum(-(-c // s) for c, s in zip(counts, sizes))
+    bpe = _round_up(bpe, shard_count)
+    if shard_count > 1:
+        bk = buckets[0]   # empty padding batches use bucket 0
+        shapes.add((bk.batch_size, bk.samples if bc.output == "audio" else bk.frames,
+                    (label_buckets or (bk.label_len,))[0]))
+    fingerprint = f"{len(utterances)} utts, {int(keep.sum())} kept, edges={[round(float(e), 3) for e in edges]}"
+    source = _BatchPlanSource(bucket_of, sizes, bpe, seed, shuffle, shard_count, fingerprint)
+    sampler = _BatchSampler(bpe, num_epochs, seed)
+    build = _BuildBatch(list(utterances), labels, buckets, label_buckets, fc, bc, cmvn, augment)
+    transform = _BuildBatchTransform(build)
+    loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[transform],
+                              worker_count=worker_count, worker_buffer_size=worker_buffer_size,
+                              shard_options=grain.ShardOptions(shard_index=shard_index, shard_count=shard_count,
+                                                               drop_remainder=False))
+    return AsrLoader(loader, buckets, sorted(shapes), bpe, shard_count, int(keep.sum()), dropped)
+
+
+class _BuildBatchTransform(grain.RandomMapTransform):
+    """The grain operation wrapping _BuildBatch (module level, so worker processes can unpickle it)."""
+
+    def __init__(self, build: _BuildBatch):
+        self.build = build
+
+    def random_map(self, element, rng):
+        return self.build.random_map(element, rng)
