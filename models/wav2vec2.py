@@ -1,0 +1,688 @@
+"""Wav2Vec2 in Flax (linen): conv feature encoder, transformer encoder, CTC head, SpecAugment-style masking.
+
+Numerically the same network as transformers' ``Wav2Vec2Model`` / ``Wav2Vec2ForCTC`` (both the ``group``-norm +
+post-LN "base" variant and the ``layer``-norm + pre-LN ``do_stable_layer_norm`` "large-lv60" variant); the
+pretraining head (Gumbel product quantizer, contrastive + diversity loss) lives in :mod:`models.wav2vec2_pretrain`,
+Hugging Face import/export in :mod:`models.wav2vec2_hf`.
+
+Conventions:
+- Audio is ``input_values [B, S]`` (float, already normalised as the feature extractor does) with optax-style
+  ``paddings [B, S]`` (1.0 = padded, valid samples first). Frame-level paddings are derived exactly as
+  transformers derives its reduced attention mask.
+- ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; layer/group norms, softmaxes and losses are
+  computed in float32.
+- Parameters carry logical axis names (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``, ``conv``, ``layers``)
+  through :func:`flax.linen.with_logical_partitioning`; ``nn.unbox`` gives plain arrays.
+- Randomness is explicit: dropout/layerdrop draw from the ``'dropout'`` rng, SpecAugment masks from ``'mask'``
+  (only when ``deterministic=False``); masks can also be passed in (``mask_time_indices``, ``mask_feature_indices``).
+- The group-norm feature encoder normalises each channel over the whole (padded) time axis, as transformers and
+  fairseq do; that is why "base" checkpoints are used without attention masks. Results therefore depend on the
+  amount of padding for that variant (not for the ``layer`` variant).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Dtype = Any
+NEG_INF = float(np.finfo(np.float32).min)
+
+_HF_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "hidden_dropout", "activation_dropout", "attention_dropout", "feat_proj_dropout", "feat_quantizer_dropout",
+    "final_dropout", "layerdrop", "initializer_range", "layer_norm_eps", "feat_extract_norm",
+    "feat_extract_activation", "conv_dim", "conv_stride", "conv_kernel", "conv_bias", "num_conv_pos_embeddings",
+    "num_conv_pos_embedding_groups", "do_stable_layer_norm", "apply_spec_augment", "mask_time_prob",
+    "mask_time_length", "mask_time_min_masks", "mask_feature_prob", "mask_feature_length", "mask_feature_min_masks",
+    "num_codevectors_per_group", "num_codevector_groups", "contrastive_logits_temperature", "num_negatives",
+    "codevector_dim", "proj_codevector_dim", "diversity_loss_weight", "ctc_loss_reduction", "ctc_zero_infinity",
+    "pad_token_id", "bos_token_id", "eos_token_id", "add_adapter", "adapter_attn_dim",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wav2Vec2Config:
+    """Field names and defaults as transformers' ``Wav2Vec2Config`` (facebook/wav2vec2-base), plus jasr options."""
+
+    vocab_size: int | None = 32
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout: float = 0.1
+    activation_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    feat_proj_dropout: float = 0.0
+    feat_quantizer_dropout: float = 0.0
+    final_dropout: float = 0.1
+    layerdrop: float = 0.1
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-5
+    feat_extract_norm: str = "group"
+    feat_extract_activation: str = "gelu"
+    conv_dim: tuple[int, ...] = (512, 512, 512, 512, 512, 512, 512)
+    conv_stride: tuple[int, ...] = (5, 2, 2, 2, 2, 2, 2)
+    conv_kernel: tuple[int, ...] = (10, 3, 3, 3, 3, 2, 2)
+    conv_bias: bool = False
+    num_conv_pos_embeddings: int = 128
+    num_conv_pos_embedding_groups: int = 16
+    do_stable_layer_norm: bool = False
+    apply_spec_augment: bool = True
+    mask_time_prob: float = 0.05
+    mask_time_length: int = 10
+    mask_time_min_masks: int = 2
+    mask_feature_prob: float = 0.0
+    mask_feature_length: int = 10
+    mask_feature_min_masks: int = 0
+    num_codevectors_per_group: int = 320
+    num_codevector_groups: int = 2
+    contrastive_logits_temperature: float = 0.1
+    num_negatives: int = 100
+    codevector_dim: int = 256
+    proj_codevector_dim: int = 256
+    diversity_loss_weight: float = 0.1
+    ctc_loss_reduction: str = "sum"
+    ctc_zero_infinity: bool = False
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    add_adapter: bool = False
+    adapter_attn_dim: int | None = None
+    # jasr options (not part of the Hugging Face config)
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: bool = False
+    scan_layers: bool = False
+
+    def __post_init__(self):
+        for f in ("conv_dim", "conv_stride", "conv_kernel"):
+            object.__setattr__(self, f, tuple(int(v) for v in getattr(self, f)))
+        if not (len(self.conv_dim) == len(self.conv_stride) == len(self.conv_kernel)) or not self.conv_dim:
+            raise ValueError(f"conv_dim {self.conv_dim}, conv_stride {self.conv_stride} and conv_kernel "
+                             f"{self.conv_kernel} must be non-empty and of the same length")
+        if self.feat_extract_norm not in ("group", "layer"):
+            raise ValueError(f"feat_extract_norm={self.feat_extract_norm!r}: expected 'group' or 'layer'")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                             f"{self.num_attention_heads}")
+        if self.hidden_size % self.num_conv_pos_embedding_groups:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_conv_pos_embedding_groups "
+                             f"{self.num_conv_pos_embedding_groups}")
+        if self.codevector_dim % self.num_codevector_groups:
+            raise ValueError(f"codevector_dim {self.codevector_dim} is not divisible by num_codevector_groups "
+                             f"{self.num_codevector_groups}")
+        if self.add_adapter:
+            raise NotImplementedError("Wav2Vec2 with add_adapter=True (conv adapter on top) is not supported")
+        if self.adapter_attn_dim is not None:
+            raise NotImplementedError("Wav2Vec2 attention adapters (adapter_attn_dim, MMS) are not supported")
+        if self.ctc_loss_reduction not in ("sum", "mean", "none"):
+            raise ValueError(f"ctc_loss_reduction={self.ctc_loss_reduction!r}: expected 'sum', 'mean' or 'none'")
+        for f in ("dtype", "param_dtype"):
+            dt = jnp.dtype(getattr(self, f))
+            if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+                raise ValueError(f"{f}={getattr(self, f)!r}: expected float32, bfloat16 or float16")
+            object.__setattr__(self, f, dt.name)
+        _activation(self.hidden_act)
+        _activation(self.feat_extract_activation)
+
+    # -- Hugging Face config.json ------------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> "Wav2Vec2Config":
+        """From a transformers ``config.json`` dict (unknown keys ignored); ``overrides`` set jasr options too."""
+        mt = hf.get("model_type", "wav2vec2")
+        if mt != "wav2vec2":
+            raise ValueError(f"config model_type={mt!r}, expected 'wav2vec2'")
+        kw = {k: hf[k] for k in _HF_FIELDS if k in hf}
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_hf(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in _HF_FIELDS}
+        for f in ("conv_dim", "conv_stride", "conv_kernel"):
+            d[f] = list(d[f])
+        d["num_feat_extract_layers"] = len(self.conv_dim)
+        d["model_type"] = "wav2vec2"
+        return d
+
+    def replace(self, **kw) -> "Wav2Vec2Config":
+        return dataclasses.replace(self, **kw)
+
+    # -- lengths -------------------------------------------------------------------------------------------------
+    @property
+    def receptive_field(self) -> int:
+        """Samples needed for one output frame of the conv feature encoder (400 for the base config)."""
+        r, jump = 1, 1
+        for k, s in zip(self.conv_kernel, self.conv_stride):
+            r += (k - 1) * jump
+            jump *= s
+        return r
+
+    @property
+    def inputs_to_logits_ratio(self) -> int:
+        return int(np.prod(self.conv_stride))
+
+
+def feat_extract_output_lengths(config: Wav2Vec2Config, input_lengths):
+    """Frames produced by the conv feature encoder for ``input_lengths`` samples (int, numpy or jax array)."""
+    lengths = input_lengths
+    for k, s in zip(config.conv_kernel, config.conv_stride):
+        lengths = (lengths - k) // s + 1
+    if isinstance(lengths, (int, np.integer)):
+        return max(int(lengths), 0)
+    return jnp.maximum(lengths, 0) if isinstance(lengths, jax.Array) else np.maximum(lengths, 0)
+
+
+def frame_paddings(config: Wav2Vec2Config, paddings: jax.Array, num_frames: int) -> jax.Array:
+    """Frame-level paddings ``[B, num_frames]`` (1.0 = padded) from sample-level ``paddings [B, S]``."""
+    lengths = jnp.sum(1.0 - paddings.astype(jnp.float32), axis=-1).round().astype(jnp.int32)
+    out = feat_extract_output_lengths(config, lengths)
+    return (jnp.arange(num_frames)[None, :] >= out[:, None]).astype(jnp.float32)
+
+
+def check_audio(config: Wav2Vec2Config, input_values, paddings=None) -> None:
+    """Clear errors for bad audio input (shape, length below the receptive field). Per-row length checks run only on
+    concrete (non-traced) paddings."""
+    if input_values.ndim != 2:
+        raise ValueError(f"input_values must be [batch, samples], got shape {tuple(input_values.shape)}")
+    n = input_values.shape[1]
+    if n < config.receptive_field:
+        raise ValueError(f"audio of {n} samples is shorter than the receptive field of the Wav2Vec2 feature "
+                         f"encoder ({config.receptive_field} samples)")
+    if paddings is None:
+        return
+    if tuple(paddings.shape) != tuple(input_values.shape):
+        raise ValueError(f"paddings shape {tuple(paddings.shape)} != input_values shape "
+                         f"{tuple(input_values.shape)}")
+    if isinstance(paddings, jax.core.Tracer):
+        return
+    lengths = np.round(np.sum(1.0 - np.asarray(paddings, np.float32), axis=-1)).astype(np.int64)
+    short = np.nonzero(lengths < config.receptive_field)[0]
+    if short.size:
+        raise ValueError(f"rows {short.tolist()} have {lengths[short].tolist()} valid samples, fewer than the "
+                         f"receptive field of the Wav2Vec2 feature encoder ({config.receptive_field} samples)")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+def _activation(name: str) -> Callable:
+    table = {
+        "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+        "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+        "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+        "relu": jax.nn.relu,
+        "silu": jax.nn.silu,
+        "swish": jax.nn.silu,
+        "tanh": jnp.tanh,
+    }
+    if name not in table:
+        raise ValueError(f"activation {name!r} is not supported (one of {sorted(table)})")
+    return table[name]
+
+
+def _part(init: Callable, names: Sequence[str | None]) -> Callable:
+    return nn.with_logical_partitioning(init, tuple(names))
+
+
+def _torch_linear_init(fan_in: int) -> Callable:
+    """PyTorch's default ``nn.Linear`` init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def _dense(features, names, cfg: Wav2Vec2Config, *, name: str, axis=-1, use_bias=True,
+           kernel_init: Callable | None = None, bias_init: Callable | None = None) -> nn.DenseGeneral:
+    nfeat = 1 if isinstance(features, int) else len(features)
+    return nn.DenseGeneral(
+        features=features, axis=axis, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=_part(kernel_init or nn.initializers.normal(cfg.initializer_range), names),
+        bias_init=_part(bias_init or nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
+
+
+class Norm(nn.Module):
+    """LayerNorm over the last axis (``reduce_time=False``) or per-channel GroupNorm over time
+    (``reduce_time=True``, i.e. ``nn.GroupNorm(num_groups=C)`` on ``[B, C, T]``), statistics in float32."""
+
+    features: int
+    eps: float = 1e-5
+    reduce_time: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    axis_name: str = "embed"
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", _part(nn.initializers.ones_init(), (self.axis_name,)), (self.features,),
+                           self.param_dtype)
+        bias = self.param("bias", _part(nn.initializers.zeros_init(), (self.axis_name,)), (self.features,),
+                          self.param_dtype)
+        xf = x.astype(jnp.float32)
+        axis = -2 if self.reduce_time else -1
+        mean = jnp.mean(xf, axis=axis, keepdims=True)
+        var = jnp.mean(jnp.square(xf - mean), axis=axis, keepdims=True)
+        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+        y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Feature encoder and projection
+# --------------------------------------------------------------------------------------------------------------------
+
+class ConvLayer(nn.Module):
+    """One conv layer of the feature encoder: Conv1d (stride, no padding) -> optional norm -> activation."""
+
+    config: Wav2Vec2Config
+    layer_id: int
+    norm: str | None  # None, "group", "layer"
+
+    @nn.compact
+    def __call__(self, x):  # [B, T, Cin] -> [B, T', Cout]
+        cfg = self.config
+        cin = cfg.conv_dim[self.layer_id - 1] if self.layer_id > 0 else 1
+        cout, k, s = cfg.conv_dim[self.layer_id], cfg.conv_kernel[self.layer_id], cfg.conv_stride[self.layer_id]
+        dtype, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        conv = _Conv1d(cin, cout, k, s, cfg.conv_bias, dtype, pdt, name="conv")
+        x = conv(x)
+        if self.norm is not None:
+            x = Norm(cout, eps=1e-5, reduce_time=self.norm == "group", dtype=dtype, param_dtype=pdt,
+                     name="layer_norm")(x)
+        return _activation(cfg.feat_extract_activation)(x)
+
+
+class _Conv1d(nn.Module):
+    in_features: int
+    out_features: int
+    kernel_size: int
+    stride: int
+    use_bias: bool
+    dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x):
+        fan_in = self.in_features * self.kernel_size
+        kernel = self.param("kernel", _part(nn.initializers.variance_scaling(2.0, "fan_in", "normal",
+                                                                               in_axis=(0, 1), out_axis=2),
+                                            ("conv", None, "embed")),
+                            (self.kernel_size, self.in_features, self.out_features), self.param_dtype)
+        y = jax.lax.conv_general_dilated(
+            x.astype(self.dtype), kernel.astype(self.dtype), window_strides=(self.stride,), padding="VALID",
+            dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32)
+        if self.use_bias:
+            bias = self.param("bias", _part(_torch_linear_init(fan_in), ("embed",)), (self.out_features,),
+                              self.param_dtype)
+            y = y + bias.astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+class FeatureEncoder(nn.Module):
+    """Raw audio ``[B, S]`` -> conv features ``[B, T, conv_dim[-1]]``."""
+
+    config: Wav2Vec2Config
+
+    @nn.compact
+    def __call__(self, input_values):
+        cfg = self.config
+        x = input_values[:, :, None].astype(jnp.dtype(cfg.dtype))
+        for i in range(len(cfg.conv_dim)):
+            if cfg.feat_extract_norm == "group":
+                norm = "group" if i == 0 else None
+            else:
+                norm = "layer"
+            x = ConvLayer(cfg, i, norm, name=f"conv_layers_{i}")(x)
+        return x
+
+
+class FeatureProjection(nn.Module):
+    config: Wav2Vec2Config
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        cfg = self.config
+        normed = Norm(cfg.conv_dim[-1], eps=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype),
+                      param_dtype=jnp.dtype(cfg.param_dtype), name="layer_norm")(x)
+        h = _dense(cfg.hidden_size, (None, "embed"), cfg, name="projection",
+                   kernel_init=_torch_linear_init(cfg.conv_dim[-1]),
+                   bias_init=_torch_linear_init(cfg.conv_dim[-1]))(normed)
+        h = nn.Dropout(cfg.feat_proj_dropout)(h, deterministic=deterministic)
+        return h, normed
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Transformer encoder
+# --------------------------------------------------------------------------------------------------------------------
+
+class PositionalConvEmbedding(nn.Module):
+    """Grouped Conv1d (kernel ``num_conv_pos_embeddings``, 'same' padding, weight norm over dim 2) + activation."""
+
+    config: Wav2Vec2Config
+
+    @nn.compact
+    def __call__(self, x):  # [B, T, E]
+        cfg = self.config
+        e, k, g = cfg.hidden_size, cfg.num_conv_pos_embeddings, cfg.num_conv_pos_embedding_groups
+        pdt, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        std = 2.0 * math.sqrt(1.0 / (k * e))
+        v = self.param("weight_v", _part(nn.initializers.normal(std), ("conv", None, "embed")), (k, e // g, e), pdt)
+
+        def g_init(key, shape, dtype=jnp.float32):
+            vv = nn.unbox(v).astype(jnp.float32)
+            return jnp.sqrt(jnp.sum(jnp.square(vv), axis=(1, 2))).astype(dtype)
+
+        wg = self.param("weight_g", _part(g_init, ("conv",)), (k,), pdt)
+        b = self.param("bias", _part(nn.initializers.zeros_init(), ("embed",)), (e,), pdt)
+        vf = v.astype(jnp.float32)
+        w = vf * (wg.astype(jnp.float32) / jnp.sqrt(jnp.sum(jnp.square(vf), axis=(1, 2))))[:, None, None]
+        y = jax.lax.conv_general_dilated(
+            x.astype(dtype), w.astype(dtype), window_strides=(1,), padding=[(k // 2, k // 2)],
+            dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=g, preferred_element_type=jnp.float32)
+        y = y + b.astype(jnp.float32)
+        if k % 2 == 0:
+            y = y[:, :-1]
+        return _activation(cfg.feat_extract_activation)(y).astype(dtype)
+
+
+class Attention(nn.Module):
+    config: Wav2Vec2Config
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, key_mask):  # x [B, T, E]; key_mask [B, T] bool (True = attend)
+        cfg = self.config
+        h = cfg.num_attention_heads
+        d = cfg.hidden_size // h
+        q = _dense((h, d), ("embed", "heads", "kv"), cfg, name="q_proj")(x)
+        k = _dense((h, d), ("embed", "heads", "kv"), cfg, name="k_proj")(x)
+        v = _dense((h, d), ("embed", "heads", "kv"), cfg, name="v_proj")(x)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+        if key_mask is not None:
+            scores = jnp.where(key_mask[:, None, None, :], scores, NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=self.deterministic)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        out = out.astype(jnp.dtype(cfg.dtype))
+        return _dense(cfg.hidden_size, ("heads", "kv", "embed"), cfg, name="out_proj", axis=(-2, -1))(out)
+
+
+class FeedForward(nn.Module):
+    config: Wav2Vec2Config
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        x = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, name="intermediate_dense")(x)
+        x = _activation(cfg.hidden_act)(x)
+        x = nn.Dropout(cfg.activation_dropout)(x, deterministic=self.deterministic)
+        x = _dense(cfg.hidden_size, ("mlp", "embed"), cfg, name="output_dense")(x)
+        return nn.Dropout(cfg.hidden_dropout)(x, deterministic=self.deterministic)
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN (``do_stable_layer_norm=False``) or pre-LN encoder layer, with LayerDrop when training."""
+
+    config: Wav2Vec2Config
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, key_mask):
+        cfg = self.config
+        dtype, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        ln = Norm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=pdt, name="layer_norm")
+        final_ln = Norm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=pdt,
+                        name="final_layer_norm")
+        attn = Attention(cfg, self.deterministic, name="attention")
+        ff = FeedForward(cfg, self.deterministic, name="feed_forward")
+        drop = nn.Dropout(cfg.hidden_dropout)
+        if cfg.do_stable_layer_norm:
+            y = x + drop(attn(ln(x), key_mask), deterministic=self.deterministic)
+            y = y + ff(final_ln(y))
+        else:
+            y = ln(x + drop(attn(x, key_mask), deterministic=self.deterministic))
+            y = final_ln(y + ff(y))
+        if not self.deterministic and cfg.layerdrop > 0.0:
+            skip = jax.random.uniform(self.make_rng("dropout"), ()) < cfg.layerdrop
+            y = jnp.where(skip, x, y)
+        return y.astype(dtype)
+
+
+class _ScannedLayer(nn.Module):
+    config: Wav2Vec2Config
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, key_mask):
+        layer_cls = nn.remat(EncoderLayer, prevent_cse=False) if self.config.remat else EncoderLayer
+        return layer_cls(self.config, self.deterministic, name="layer")(x, key_mask), None
+
+
+class Encoder(nn.Module):
+    config: Wav2Vec2Config
+
+    @nn.compact
+    def __call__(self, x, frame_pads, deterministic: bool = True):
+        cfg = self.config
+        dtype, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        key_mask = None
+        if frame_pads is not None:
+            key_mask = frame_pads < 0.5
+            x = jnp.where(key_mask[:, :, None], x, jnp.zeros((), x.dtype))
+        x = x + PositionalConvEmbedding(cfg, name="pos_conv_embed")(x)
+        ln = Norm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=pdt, name="layer_norm")
+        if not cfg.do_stable_layer_norm:
+            x = ln(x)
+        x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        if cfg.scan_layers:
+            stack = nn.scan(_ScannedLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                            in_axes=(nn.broadcast,), length=cfg.num_hidden_layers,
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = stack(cfg, deterministic, name="layers")(x, key_mask)
+        else:
+            layer_cls = nn.remat(EncoderLayer) if cfg.remat else EncoderLayer
+            for i in range(cfg.num_hidden_layers):
+                x = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, key_mask)
+        if cfg.do_stable_layer_norm:
+            x = ln(x)
+        return x
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# SpecAugment-style masking (explicit PRNG keys, static shapes)
+# --------------------------------------------------------------------------------------------------------------------
+
+def compute_mask_indices(key: jax.Array, shape: tuple[int, int], mask_prob: float, mask_length: int,
+                         paddings: jax.Array | None = None, min_masks: int = 0) -> jax.Array:
+    """Random spans to mask, ``bool [B, T]``: the JAX counterpart of transformers' ``_compute_mask_indices``.
+
+    Per row of valid length ``L`` (from ``paddings``, 1.0 = padded), ``n = int(mask_prob * L / mask_length + u)``
+    spans (``u ~ U[0, 1)`` shared by the batch, probabilistic rounding) with at least ``min_masks``, at most
+    ``T // mask_length`` and at most ``L - mask_length + 1``; span starts are drawn uniformly without replacement
+    from ``[0, L - mask_length]``, so spans never reach padding. Overlapping spans merge, so ``mask_prob`` is an
+    upper bound of the masked fraction.
+    """
+    b, t = int(shape[0]), int(shape[1])
+    if mask_length < 1:
+        raise ValueError("mask_length has to be bigger than 0")
+    if mask_length > t:
+        raise ValueError(f"mask_length ({mask_length}) has to be smaller than the sequence length ({t})")
+    if paddings is None:
+        lengths = jnp.full((b,), t, jnp.int32)
+    else:
+        lengths = jnp.sum(1.0 - paddings.astype(jnp.float32), axis=-1).round().astype(jnp.int32)
+    k_eps, k_perm = jax.random.split(key)
+    eps = jax.random.uniform(k_eps, ())
+    n = jnp.floor(mask_prob * lengths.astype(jnp.float32) / mask_length + eps).astype(jnp.int32)
+    n = jnp.maximum(n, min_masks)
+    n = jnp.where(n * mask_length > t, t // mask_length, n)
+    room = lengths - (mask_length - 1)
+    n = jnp.where(room < n, jnp.maximum(room, 0), n)
+    kmax = min(max(int(mask_prob * t / mask_length) + 1, min_masks), t // mask_length, t - mask_length + 1)
+    if kmax <= 0:
+        return jnp.zeros((b, t), bool)
+    scores = jax.random.uniform(k_perm, (b, t))
+    valid_start = jnp.arange(t)[None, :] < room[:, None]
+    scores = jnp.where(valid_start, scores, 2.0)
+    starts = jnp.argsort(scores, axis=-1)[:, :kmax]                          # distinct random valid starts
+    chosen = (jnp.arange(kmax)[None, :] < n[:, None]).astype(jnp.int32)
+    start_ind = jnp.zeros((b, t), jnp.int32).at[jnp.arange(b)[:, None], starts].add(chosen)
+    c = jnp.cumsum(start_ind, axis=-1)
+    shifted = jnp.pad(c, ((0, 0), (mask_length, 0)))[:, :t]
+    return (c - shifted) > 0
+
+
+def spec_augment_masks(key: jax.Array, config: Wav2Vec2Config, batch: int, num_frames: int,
+                       frame_pads: jax.Array | None = None) -> tuple[jax.Array | None, jax.Array | None]:
+    """Time mask ``[B, T]`` and feature mask ``[B, hidden]`` as configured (``None`` where the probability is 0)."""
+    kt, kf = jax.random.split(key)
+    time_mask = feat_mask = None
+    if config.mask_time_prob > 0:
+        time_mask = compute_mask_indices(kt, (batch, num_frames), config.mask_time_prob, config.mask_time_length,
+                                         frame_pads, config.mask_time_min_masks)
+    if config.mask_feature_prob > 0:
+        feat_mask = compute_mask_indices(kf, (batch, config.hidden_size), config.mask_feature_prob,
+                                         config.mask_feature_length, None, config.mask_feature_min_masks)
+    return time_mask, feat_mask
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------------------------
+
+@flax.struct.dataclass
+class Wav2Vec2Output:
+    last_hidden_state: jax.Array      # [B, T, hidden]
+    extract_features: jax.Array       # [B, T, conv_dim[-1]] layer-normed conv features (quantizer input)
+    paddings: jax.Array               # [B, T] frame paddings (1.0 = padded)
+    mask_time_indices: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class Wav2Vec2CTCOutput:
+    logits: jax.Array                 # [B, T, vocab]
+    paddings: jax.Array               # [B, T]
+    last_hidden_state: jax.Array
+
+
+class Wav2Vec2Model(nn.Module):
+    """Feature encoder + projection + (optional SpecAugment) + transformer encoder."""
+
+    config: Wav2Vec2Config
+
+    @nn.compact
+    def __call__(self, input_values, paddings=None, *, deterministic: bool = True, mask_time_indices=None,
+                 mask_feature_indices=None) -> Wav2Vec2Output:
+        cfg = self.config
+        check_audio(cfg, input_values, paddings)
+        feats = FeatureEncoder(cfg, name="feature_extractor")(input_values)
+        b, t = feats.shape[0], feats.shape[1]
+        fpads = None if paddings is None else frame_paddings(cfg, paddings, t)
+        hidden, normed = FeatureProjection(cfg, name="feature_projection")(feats, deterministic)
+
+        has_embed = cfg.mask_time_prob > 0.0 or cfg.mask_feature_prob > 0.0
+        if has_embed:
+            embed = self.param("masked_spec_embed", _part(nn.initializers.uniform(1.0), ("embed",)),
+                               (cfg.hidden_size,), jnp.dtype(cfg.param_dtype))
+        if cfg.apply_spec_augment:
+            if mask_time_indices is None and mask_feature_indices is None and not deterministic:
+                mask_time_indices, mask_feature_indices = spec_augment_masks(self.make_rng("mask"), cfg, b, t, fpads)
+            if mask_time_indices is not None:
+                if not has_embed:
+                    raise ValueError("mask_time_indices given but the config has no masked_spec_embed "
+                                     "(mask_time_prob == mask_feature_prob == 0)")
+                m = jnp.asarray(mask_time_indices).astype(bool)
+                if m.shape != (b, t):
+                    raise ValueError(f"mask_time_indices shape {m.shape} != (batch, frames) {(b, t)}")
+                hidden = jnp.where(m[:, :, None], embed.astype(hidden.dtype), hidden)
+            if mask_feature_indices is not None:
+                fm = jnp.asarray(mask_feature_indices).astype(bool)
+                if fm.shape != (b, cfg.hidden_size):
+                    raise ValueError(f"mask_feature_indices shape {fm.shape} != (batch, hidden) "
+                                     f"{(b, cfg.hidden_size)}")
+                hidden = jnp.where(fm[:, None, :], jnp.zeros((), hidden.dtype), hidden)
+        else:
+            mask_time_indices = None
+        hidden = Encoder(cfg, name="encoder")(hidden, fpads, deterministic)
+        if fpads is None:
+            fpads = jnp.zeros((b, t), jnp.float32)
+        return Wav2Vec2Output(hidden, normed, fpads,
+                              None if mask_time_indices is None else jnp.asarray(mask_time_indices).astype(bool))
+
+
+class Wav2Vec2ForCTC(nn.Module):
+    config: Wav2Vec2Config
+
+    @nn.compact
+    def __call__(self, input_values, paddings=None, *, deterministic: bool = True, mask_time_indices=None,
+                 mask_feature_indices=None) -> Wav2Vec2CTCOutput:
+        cfg = self.config
+        if cfg.vocab_size is None:
+            raise ValueError("Wav2Vec2ForCTC needs config.vocab_size")
+        out = Wav2Vec2Model(cfg, name="wav2vec2")(input_values, paddings, deterministic=deterministic,
+                                                  mask_time_indices=mask_time_indices,
+                                                  mask_feature_indices=mask_feature_indices)
+        h = nn.Dropout(cfg.final_dropout)(out.last_hidden_state, deterministic=deterministic)
+        logits = _dense(cfg.vocab_size, ("embed", "vocab"), cfg, name="lm_head")(h)
+        return Wav2Vec2CTCOutput(logits.astype(jnp.float32), out.paddings, out.last_hidden_state)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# CTC loss with transformers' Wav2Vec2ForCTC semantics
+# --------------------------------------------------------------------------------------------------------------------
+
+def wav2vec2_ctc_loss(logits: jax.Array, logit_paddings: jax.Array, labels: jax.Array,
+                      label_paddings: jax.Array | None = None, *, blank_id: int = 0, reduction: str = "sum",
+                      zero_infinity: bool = False, ignore_index: int = -100) -> jax.Array:
+    """CTC loss as ``Wav2Vec2ForCTC`` computes it (``torch.nn.functional.ctc_loss`` on float32 log-softmax).
+
+    ``labels [B, U]``: entries equal to ``ignore_index`` or ``blank_id`` (or flagged by ``label_paddings``) are
+    dropped and the rest packed left. An alignment that cannot exist (fewer frames than labels plus repeats) gives
+    ``inf`` -- or 0 with a zero gradient when ``zero_infinity``. ``reduction``: 'none' (per row), 'sum', or 'mean'
+    (each row divided by its target length, clamped to >= 1, then averaged over the batch).
+    """
+    if reduction not in ("none", "sum", "mean"):
+        raise ValueError(f"reduction={reduction!r}: expected 'none', 'sum' or 'mean'")
+    labels = jnp.asarray(labels).astype(jnp.int32)
+    valid = (labels != ignore_index) & (labels != blank_id)
+    if label_paddings is not None:
+        valid = valid & (jnp.asarray(label_paddings) < 0.5)
+    order = jnp.argsort(~valid, axis=-1, stable=True)
+    packed = jnp.take_along_axis(labels, order, axis=-1)
+    pvalid = jnp.take_along_axis(valid, order, axis=-1)
+    packed = jnp.where(pvalid, packed, 0)
+    lab_pads = (~pvalid).astype(jnp.float32)
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    per_row = optax.ctc_loss(logprobs, logit_paddings.astype(jnp.float32), packed, lab_pads, blank_id=blank_id)
+    n_frames = jnp.sum(1.0 - logit_paddings.astype(jnp.float32), axis=-1).round().astype(jnp.int32)
+    n_labels = jnp.sum(pvalid, axis=-1).astype(jnp.int32)
+    repeats = jnp.sum(pvalid[:, 1:] & (packed[:, 1:] == packed[:, :-1]), axis=-1).astype(jnp.int32)
+    feasible = n_frames >= n_labels + repeats
+    per_row = jnp.where(feasible, per_row, 0.0 if zero_infinity else jnp.inf)
+    if reduction == "none":
+        return per_row
+    if reduction == "sum":
+        return jnp.sum(per_row)
+    return jnp.mean(per_row / jnp.maximum(n_labels, 1).astype(jnp.float32))
+
+
+def ctc_loss_from_config(config: Wav2Vec2Config, out: Wav2Vec2CTCOutput, labels, label_paddings=None):
+    """``wav2vec2_ctc_loss`` with the config's ``pad_token_id`` (blank), reduction and ``ctc_zero_infinity``."""
+    blank = 0 if config.pad_token_id is None else config.pad_token_id
+    return wav2vec2_ctc_loss(out.logits, out.paddings, labels, label_paddings, blank_id=blank,
+                             reduction=config.ctc_loss_reduction, zero_infinity=config.ctc_zero_infinity)
