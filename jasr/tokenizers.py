@@ -53,13 +53,13 @@ class CharTokenizer:
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], *, case: str | None = None) -> "CharTokenizer":
-        """Vocabulary = sorted set of characters in `texts` (after case mapping and whitespace normalisation)."""
+        """Vocabulary = space + sorted set of characters in `texts` (after case mapping, whitespace normalisation)."""
         seen = set()
         for t in texts:
             seen.update(_apply_case(normalize_whitespace(t), case))
         if not seen:
             raise TokenizerError("no characters in the texts to build a CharTokenizer from")
-        return cls(sorted(seen), case=case)
+        return cls(sorted(seen | {" "}), case=case)
 
     @property
     def vocab_size(self) -> int:
