@@ -243,7 +243,10 @@ def _frames_for(duration: float, feature_config: FeatureConfig) -> int:
 
 def _bucket_lengths(edge: float, fc: FeatureConfig, bc: BatchConfig) -> tuple[int, int]:
     """Padded (frames T, samples S) of a bucket admitting `edge` seconds of audio."""
-    t = _round_up(max(_frames_for(edge, fc), 1), bc.frame_pad_multiple)
+    if fc.kind == "whisper" and fc.whisper_pad_or_trim:
+        t = num_frames(0, fc)   # the model's fixed 3000 frames, not rounded
+    else:
+        t = _round_up(max(_frames_for(edge, fc), 1), bc.frame_pad_multiple)
     s = _round_up(int(math.ceil(edge * fc.sample_rate)) + 1, bc.frame_pad_multiple * 16)
     return t, s
 
@@ -520,6 +523,8 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
         shapes.add((bk.batch_size, bk.samples if bc.output == "audio" else bk.frames,
                     (label_buckets or (bk.label_len,))[0]))
     fingerprint = f"{len(utterances)} utts, {int(keep.sum())} kept, edges={[round(float(e), 3) for e in edges]}"
+    if worker_count and worker_count > 0:
+        _absl_flags_workaround()
     source = _BatchPlanSource(bucket_of, sizes, bpe, seed, shuffle, shard_count, fingerprint)
     sampler = _BatchSampler(bpe, num_epochs, seed)
     build = _BuildBatch(list(utterances), labels, buckets, label_buckets, fc, bc, cmvn, augment)
@@ -529,6 +534,15 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
                               shard_options=grain.ShardOptions(shard_index=shard_index, shard_count=shard_count,
                                                                drop_remainder=False))
     return AsrLoader(loader, buckets, sorted(shapes), bpe, shard_count, int(keep.sum()), dropped)
+
+
+def _absl_flags_workaround():
+    """grain 0.2.18 reads an absl flag when starting worker processes, which raises UnparsedFlagAccessError in
+    programs that never parse absl flags (google/grain#1355, fixed upstream by #1361/#1362). Mark them parsed
+    (defaults) if nobody has; a program that parses its flags with absl is unaffected."""
+    from absl import flags
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
 
 
 class _BuildBatchTransform(grain.RandomMapTransform):
