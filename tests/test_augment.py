@@ -1,0 +1,140 @@
+"""SpecAugment (jax) and waveform perturbations (numpy) on real speech."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal
+from hypothesis import given, settings, strategies as st
+
+from jasr.audio import load_audio
+from jasr.augment import AudioAugment, add_noise, spec_augment, speed_perturb, time_warp, volume_perturb
+from jasr.features import fbank
+
+DATA = "/work/shared/data"
+with open(os.path.join(DATA, "fsdd", "manifest.jsonl")) as _f:
+    FSDD = [os.path.join(DATA, "fsdd", json.loads(line)["audio"]) for line in _f][:40:10]
+LIBRI = os.path.join(DATA, "librivox_sense_sensibility", "wavs", "sense_and_sensibility_01_austen_64kb-0880.wav")
+
+B, T, F = 4, 120, 40
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Real fbank features of 4 digits, padded to T frames; lengths differ."""
+    feats = np.zeros((B, T, F), np.float32)
+    pads = np.ones((B, T), np.float32)
+    for i, p in enumerate(FSDD):
+        x = fbank(load_audio(p), 16000, F)[:T - 10 * i]
+        feats[i, :x.shape[0]] = x
+        pads[i, :x.shape[0]] = 0.0
+    return feats, pads
+
+
+_spec = jax.jit(spec_augment, static_argnames=("num_freq_masks", "max_freq_width", "num_time_masks",
+                                               "max_time_width", "max_time_ratio", "max_time_warp"))
+
+
+def test_no_masks_is_identity(batch):
+    feats, pads = batch
+    out = _spec(jax.random.key(0), feats, pads, num_freq_masks=0, num_time_masks=0)
+    np.testing.assert_array_equal(np.asarray(out), feats)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2 ** 31 - 1), lengths=st.lists(st.integers(0, T), min_size=B, max_size=B))
+def test_masks_are_bands_inside_valid_frames(batch, seed, lengths):
+    feats = batch[0] + 100.0            # no real value is 0 after the shift: masked cells are exactly 0
+    pads = (np.arange(T)[None, :] >= np.asarray(lengths)[:, None]).astype(np.float32)
+    out = np.asarray(_spec(jax.random.key(seed), feats, pads, num_freq_masks=2, max_freq_width=8,
+                           num_time_masks=3, max_time_width=10, max_time_ratio=0.2))
+    masked = out == 0.0
+    for i, n in enumerate(lengths):
+        assert not masked[i, n:].any()                                  # padding untouched
+        np.testing.assert_array_equal(out[i, n:], feats[i, n:])
+        np.testing.assert_array_equal(out[i][~masked[i]], feats[i][~masked[i]])
+        if n == 0:
+            continue
+        full_cols = masked[i, :n].all(axis=0)                           # frequency bands
+        full_rows = masked[i, :n].all(axis=1)                           # time spans
+        # every masked cell is explained by a full band or a full span
+        assert np.all(masked[i, :n] == (full_cols[None, :] | full_rows[:, None]))
+        assert full_cols.sum() <= 2 * 8 or full_rows.all()
+        assert full_rows.sum() <= 3 * min(10, int(0.2 * n)) or full_cols.all()
+
+
+def test_keys_and_determinism(batch):
+    feats, pads = batch
+    a = np.asarray(_spec(jax.random.key(1), feats, pads))
+    b = np.asarray(_spec(jax.random.key(1), feats, pads))
+    c = np.asarray(_spec(jax.random.key(2), feats, pads))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert (a == 0).any()
+
+
+def test_time_warp_is_monotone_resampling(batch):
+    _, pads = batch
+    ramp = np.broadcast_to(np.arange(T, dtype=np.float32)[None, :, None], (B, T, 3)).copy()
+    for seed in range(5):
+        out = np.asarray(jax.jit(time_warp, static_argnums=3)(jax.random.key(seed), ramp, pads, 5))
+        for i in range(B):
+            n = int((1 - pads[i]).sum())
+            w = out[i, :n, 0]
+            assert w[0] == 0.0 and np.all(np.diff(w) >= -1e-5) and w.max() <= n - 1 + 1e-5
+            np.testing.assert_array_equal(out[i, n:], ramp[i, n:])
+            assert np.abs(w - np.arange(n)).max() <= 5 + 1e-4             # no frame moves more than W
+    out = np.asarray(_spec(jax.random.key(3), batch[0], pads, num_freq_masks=0, num_time_masks=0,
+                           max_time_warp=5))
+    assert out.shape == batch[0].shape and not np.array_equal(out, batch[0])
+
+
+def test_speed_perturb_changes_length_and_pitch():
+    x = load_audio(LIBRI)
+    for factor in (0.9, 1.1):
+        y = speed_perturb(x, 16000, factor)
+        assert abs(y.shape[0] - x.shape[0] / factor) <= 2
+        # the spectrum is stretched by the factor: P_y(f) ~ P_x(f / factor) fits far better than P_x(f)
+        f, px = scipy.signal.welch(x, 16000, nperseg=1024)
+        _, py = scipy.signal.welch(y, 16000, nperseg=1024)
+        band = (f > 150) & (f < 6000)
+        ly = np.log(py[band])
+        stretched = np.log(np.interp(f[band] / factor, f, px))
+        fit_stretched = np.mean(np.abs(ly - stretched - np.mean(ly - stretched)))
+        fit_same = np.mean(np.abs(ly - np.log(px[band]) - np.mean(ly - np.log(px[band]))))
+        assert fit_stretched < 0.4 * fit_same, (fit_stretched, fit_same)
+        back = speed_perturb(y, 16000, 1.0 / factor)
+        n = min(back.shape[0], x.shape[0])
+        assert np.corrcoef(back[:n], x[:n])[0, 1] > 0.99
+    np.testing.assert_array_equal(speed_perturb(x, 16000, 1.0), x)
+
+
+def test_volume_and_noise():
+    x = load_audio(FSDD[0])
+    np.testing.assert_allclose(volume_perturb(x, 6.0), x * 10 ** 0.3, rtol=1e-6)
+    noise = load_audio(FSDD[2])[:1000]                                 # shorter than x: tiled
+    for snr in (0.0, 10.0, 25.0):
+        y = add_noise(x, noise, snr, np.random.default_rng(0))
+        d = y.astype(np.float64) - x
+        got = 10 * np.log10(np.mean(x.astype(np.float64) ** 2) / np.mean(d ** 2))
+        assert abs(got - snr) < 1e-3
+    a = add_noise(x, load_audio(LIBRI), 5.0, np.random.default_rng(1))
+    b = add_noise(x, load_audio(LIBRI), 5.0, np.random.default_rng(2))
+    assert not np.array_equal(a, b)                                    # random crop of the noise
+
+
+def test_audio_augment_is_seeded():
+    x = load_audio(FSDD[1])
+    aug = AudioAugment(speeds=(0.9, 1.0, 1.1), gain_db=(-6, 6), noise_snr_db=(10, 20), noise_files=(LIBRI,))
+    a = aug(x, 16000, np.random.default_rng(7))
+    np.testing.assert_array_equal(a, aug(x, 16000, np.random.default_rng(7)))
+    outs = {aug(x, 16000, np.random.default_rng(s)).shape[0] for s in range(12)}
+    assert len(outs) >= 2 and aug.min_speed == 0.9 and aug.max_speed == 1.1
+    white = AudioAugment(noise_snr_db=(5, 5))(x, 16000, np.random.default_rng(0))
+    assert white.shape == x.shape and not np.array_equal(white, x)
+    with pytest.raises(ValueError, match="speeds"):
+        AudioAugment(speeds=(0.0,))
+    with pytest.raises(ValueError, match=r"\[B, T, F\]"):
+        spec_augment(jax.random.key(0), jnp.zeros((3, 4)), jnp.zeros((3,)))
