@@ -63,4 +63,4 @@ def shortest_path(fsa, use_double_scores: bool = True):
         return out
     if is_traced(src):
         return out
-    return out[0]
+    return out.to_numpy()[0].to_jax()

@@ -1,0 +1,560 @@
+"""k2's DenseFsaVec and intersect_dense: scoring decoding graphs against network outputs.
+
+Semantics (k2's ``intersect_dense``): for supervision segment ``b`` with ``D_b`` frames, a lattice
+path is a path through the graph that takes exactly one arc with label ``>= 0`` per frame (label 0
+is the CTC blank here, not epsilon: it consumes a frame too), then the arc with label ``-1`` into
+the graph's final state, which consumes the extra frame ``D_b`` that k2 appends to every segment
+(log-prob 0 for label -1, ``-inf`` for the others).  An arc taken on frame ``t`` scores
+``graph_score + log_probs[t, label]``.  Lattice states are (frame, graph state) pairs.
+
+Hot path (``dense_tot_scores``, used by ``ctc_loss``): a ``lax.scan`` over frames whose per-frame
+work is vectorised over (segments, arcs) -- ``alpha_{t+1}[d] = (+) over arcs into d of
+alpha_t[src] + w_t(arc)`` -- without materialising the lattice.  Two layouts of the arcs, same
+results:
+
+- ``table`` (concrete graphs): arcs grouped by destination (forward) / source (backward) in padded
+  ``[B, S, K]`` tables built on the host-known degree ``K``; each step is a gather + a reduction
+  over ``K`` (no scatter);
+- ``segment`` (graphs traced inside a user's ``jit``): arcs in their own order, the per-state
+  reduction is a segment max/sum (scatter).
+
+The total score has an analytic ``custom_vjp``: one backward scan computes ``beta_t`` and the arc
+occupancies ``exp(alpha_t[src] + w + beta_{t+1}[dst] - tot)`` frame by frame, scatter-added onto
+``d tot / d log_probs[t, label]`` and summed over frames into ``d tot / d graph scores``.  Memory:
+the forward scores ``[T+1, B, S]``; nothing of size frames x arcs is kept.
+
+``output_beam`` (as k2): arcs whose best (Viterbi) path is worse than the best path by more than
+the beam are removed before the log-semiring total is taken.  It costs a Viterbi forward and
+backward pass; ``output_beam=float('inf')`` skips it (exact total).
+
+``intersect_dense`` returns the lattice itself as a batched :class:`~fsa_ops.fsa.Fsa` with static
+shapes: state ``t * S + s`` is graph state ``s`` at frame ``t`` (``t <= D_b``) and state
+``(D_b + 1) * S`` is final; arc ``t * A + a`` is graph arc ``a`` taken on frame ``t``.  Arcs that
+cannot be taken on that frame, and arcs removed by ``output_beam``, stay in place with score
+``-inf`` (so they never change scores or best paths); ``num_arcs = (D_b + 1) * A``.  Unlike k2's
+the lattice is therefore not compacted (``connect`` on the host removes the dead parts).
+Its arc scores are differentiable w.r.t. the log-probs and graph scores (autodiff of a gather,
+k2's arc_map_a/arc_map_b index_add).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, tree_util
+
+from fsa_ops.fsa import Fsa
+from fsa_ops.scores import (NEG_INF, arc_table, bucket, fsa_arrays, is_traced, max_degree,
+                            safe_logsumexp, score_dtype, valid_arcs)
+
+__all__ = ["DenseFsaVec", "intersect_dense", "dense_tot_scores", "dense_frame_weights"]
+
+
+# --------------------------------------------------------------------------------------------
+# DenseFsaVec
+# --------------------------------------------------------------------------------------------
+
+
+@tree_util.register_pytree_node_class
+class DenseFsaVec:
+    """Network output for a list of supervision segments (k2's ``DenseFsaVec``).
+
+    Args:
+      log_probs: ``[N, T, C]`` float log-probabilities (C symbols; symbol 0 is blank).
+      supervision_segments: ``[S, 3]`` int rows ``(sequence_index, start_frame, duration)``.
+        Unlike k2, the rows need not be sorted by duration.
+      allow_truncate: as k2: a segment may run past ``T`` by at most this many frames (truncated).
+
+    Holds ``scores`` ``[S, T, C]`` (segment ``s``'s frames from its start, ``-inf`` past its
+    duration) and ``duration`` ``int32[S]``; a pytree, usable inside jit (the checks on segment
+    bounds run only when the segments are concrete).  Gradients flow back to ``log_probs``.
+    """
+
+    def __init__(self, log_probs, supervision_segments, allow_truncate: int = 0):
+        log_probs = jnp.asarray(log_probs)
+        if log_probs.ndim != 3:
+            raise ValueError(f"log_probs: expected [N, T, C], got shape {log_probs.shape}")
+        if not jnp.issubdtype(log_probs.dtype, jnp.floating):
+            raise ValueError(f"log_probs: expected a float array, got {log_probs.dtype}")
+        N, T, C = log_probs.shape
+        if allow_truncate < 0:
+            raise ValueError(f"allow_truncate must be >= 0, got {allow_truncate}")
+        seg = supervision_segments
+        if not is_traced(seg):
+            s = np.asarray(seg)
+            if s.ndim != 2 or s.shape[1] != 3 or s.dtype.kind not in "iu":
+                raise ValueError("supervision_segments: expected an int [S, 3] array of "
+                                 f"(sequence_index, start_frame, duration), got {s.dtype} {s.shape}")
+            for i, (n, st, d) in enumerate(s.tolist()):
+                if not 0 <= n < N:
+                    raise ValueError(f"supervision_segments[{i}]: sequence_index {n} not in [0, {N})")
+                if not 0 <= st < T:
+                    raise ValueError(f"supervision_segments[{i}]: start_frame {st} not in [0, {T})")
+                if d <= 0:
+                    raise ValueError(f"supervision_segments[{i}]: duration {d} must be > 0")
+                if st + d > T + allow_truncate:
+                    raise ValueError(f"supervision_segments[{i}]: start_frame + duration = {st + d} "
+                                     f"> T + allow_truncate = {T + allow_truncate}")
+        seg = jnp.asarray(seg, jnp.int32)
+        idx, start, dur = seg[:, 0], seg[:, 1], seg[:, 2]
+        dur = jnp.minimum(dur, T - start)
+        t = jnp.arange(T, dtype=jnp.int32)
+        frames = jnp.clip(start[:, None] + t[None, :], 0, T - 1)
+        scores = log_probs[idx[:, None], frames]                              # [S, T, C]
+        self.scores = jnp.where((t[None, :] < dur[:, None])[..., None], scores, NEG_INF)
+        self.duration = dur.astype(jnp.int32)
+
+    @classmethod
+    def from_scores(cls, scores, duration):
+        obj = object.__new__(cls)
+        obj.scores, obj.duration = scores, duration
+        return obj
+
+    def tree_flatten(self):
+        return (self.scores, self.duration), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls.from_scores(*children)
+
+    def dim0(self) -> int:
+        return int(self.scores.shape[0])
+
+    def __len__(self):
+        return self.dim0()
+
+    @property
+    def num_symbols(self) -> int:
+        return int(self.scores.shape[2])
+
+    def __repr__(self):
+        return f"DenseFsaVec(segments={self.scores.shape[0]}, max_frames={self.scores.shape[1]}, " \
+               f"symbols={self.scores.shape[2]})"
+
+
+# --------------------------------------------------------------------------------------------
+# arc layouts
+# --------------------------------------------------------------------------------------------
+
+
+class _Layout(NamedTuple):
+    """Arcs of each graph arranged for a reduction into `group` states.
+
+    All arrays [B, X]: X = S*K (table mode, row-major [S, K], `group` is implicit) or A (segment
+    mode).  `arc` is the original arc index (-1: empty slot); `other` the state at the other end.
+    """
+    arc: jax.Array
+    group: jax.Array
+    other: jax.Array
+    label: jax.Array
+    score: jax.Array
+
+
+class _Graph(NamedTuple):
+    fwd: _Layout            # grouped by dst (forward)
+    bwd: _Layout            # grouped by src (backward)
+    num_states: jax.Array   # [B]
+
+
+def _layout(arcs, valid, key, other, S, K, dtype):
+    B, A = arcs.src.shape
+    score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)
+    if K is None:
+        return _Layout(jnp.where(valid, jnp.arange(A, dtype=jnp.int32)[None], -1), key, other,
+                       arcs.label, score)
+    table = arc_table(key, valid, S, K).reshape(B, S * K)
+    ok = table >= 0
+    t0 = jnp.maximum(table, 0)
+
+    def g(x, fill):
+        return jnp.where(ok, jnp.take_along_axis(x, t0, axis=1), jnp.asarray(fill, x.dtype))
+
+    group = jnp.broadcast_to(jnp.repeat(jnp.arange(S, dtype=jnp.int32), K)[None], (B, S * K))
+    return _Layout(table, group, g(other, 0), g(arcs.label, 0), g(score, NEG_INF))
+
+
+def _make_graph(arcs, S, kin, kout, dtype):
+    valid = valid_arcs(arcs)
+    return _Graph(_layout(arcs, valid, arcs.dst, arcs.src, S, kin, dtype),
+                  _layout(arcs, valid, arcs.src, arcs.dst, S, kout, dtype),
+                  arcs.num_states)
+
+
+# --------------------------------------------------------------------------------------------
+# per-frame steps (a GPU kernel may replace these)
+# --------------------------------------------------------------------------------------------
+
+
+def dense_frame_weights(lay: _Layout, lp_t, is_final):
+    """Arc weights on one frame: graph score + log_prob of the label (label -1 only on the
+    segment's extra final frame, with log-prob 0).  lp_t [B, C]; is_final [B] -> [B, X]."""
+    lpl = jnp.take_along_axis(lp_t, jnp.maximum(lay.label, 0), axis=1)
+    fin = jnp.where(is_final, 0.0, NEG_INF).astype(lp_t.dtype)[:, None]
+    return lay.score + jnp.where(lay.label >= 0, lpl, fin)
+
+
+def _reduce(vals, lay: _Layout, S: int, K: Optional[int], log_semiring: bool):
+    """(+)-reduce [B, X] values into their group states -> [B, S]."""
+    B = vals.shape[0]
+    if K is not None:
+        v = vals.reshape(B, S, K)
+        return safe_logsumexp(v, axis=-1) if log_semiring else jnp.max(v, axis=-1)
+    seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * S + lay.group).reshape(-1)
+    flat = vals.reshape(-1)
+    m = jax.ops.segment_max(flat, seg, num_segments=B * S)
+    if not log_semiring:
+        return m.reshape(B, S)
+    m = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    s = jax.ops.segment_sum(jnp.exp(flat - m[seg]), seg, num_segments=B * S)
+    out = jnp.where(s > 0, jnp.log(jnp.where(s > 0, s, 1.0)) + m, NEG_INF)
+    return out.reshape(B, S)
+
+
+def _keep_mask(lay: _Layout, w, amax_t, bmax_next, cut, forward: bool):
+    """Arcs within output_beam of the best path (Viterbi forward + arc + Viterbi backward)."""
+    if forward:   # group = dst, other = src
+        fb = jnp.take_along_axis(amax_t, lay.other, axis=1) + w + _group_take(bmax_next, lay)
+    else:         # group = src, other = dst
+        fb = _group_take(amax_t, lay) + w + jnp.take_along_axis(bmax_next, lay.other, axis=1)
+    return fb > cut[:, None]
+
+
+def _group_take(x, lay: _Layout):
+    return jnp.take_along_axis(x, lay.group, axis=1)
+
+
+def dense_forward_step(alpha, lp_t, is_final, lay, S, K, log_semiring, prune=None):
+    """alpha_t [B, S] -> alpha_{t+1} [B, S] for one frame."""
+    w = dense_frame_weights(lay, lp_t, is_final)
+    if prune is not None:
+        w = jnp.where(_keep_mask(lay, w, *prune, forward=True), w, NEG_INF)
+    vals = jnp.take_along_axis(alpha, lay.other, axis=1) + w
+    return _reduce(vals, lay, S, K, log_semiring)
+
+
+def dense_backward_step(beta_next, lp_t, is_final, lay, S, K, log_semiring, prune=None):
+    """beta_{t+1} [B, S] -> (beta_t [B, S], per-arc values w + beta_{t+1}[dst] [B, X])."""
+    w = dense_frame_weights(lay, lp_t, is_final)
+    if prune is not None:
+        w = jnp.where(_keep_mask(lay, w, *prune, forward=False), w, NEG_INF)
+    vals = w + jnp.take_along_axis(beta_next, lay.other, axis=1)
+    return _reduce(vals, lay, S, K, log_semiring), vals
+
+
+# --------------------------------------------------------------------------------------------
+# scans over frames
+# --------------------------------------------------------------------------------------------
+
+
+class _Cfg(NamedTuple):
+    S: int
+    kin: Optional[int]
+    kout: Optional[int]
+    beam: float
+    dtype: object
+
+
+def _time_major(lp, dtype):
+    """[B, T, C] -> [T+1, B, C] with an extra all -inf row (the final frame of full segments)."""
+    B, T, C = lp.shape
+    lp = jnp.moveaxis(lp.astype(dtype), 1, 0)
+    return jnp.concatenate([lp, jnp.full((1, B, C), NEG_INF, dtype)], axis=0)
+
+
+def _start_vec(ns, S, dtype):
+    return jnp.where((jnp.arange(S)[None] == 0) & (ns[:, None] > 0), 0.0, NEG_INF).astype(dtype)
+
+
+def _final_vec(ns, S, dtype):
+    return jnp.where(jnp.arange(S)[None] == (ns[:, None] - 1), 0.0, NEG_INF).astype(dtype)
+
+
+def _forward_scan(cfg: _Cfg, G: _Graph, lpT, dur, log_semiring, prune=None):
+    """Returns (tot [B], alphas [T+1, B, S] = alpha_0..alpha_T)."""
+    S, dtype = cfg.S, cfg.dtype
+    B = dur.shape[0]
+    ns = G.num_states
+    final = jnp.maximum(ns - 1, 0)
+    Tp1 = lpT.shape[0]
+
+    def step(carry, xs):
+        alpha, tot = carry
+        t, lp_t = xs[0], xs[1]
+        pr = None if prune is None else (xs[2], xs[3], prune[2])
+        nxt = dense_forward_step(alpha, lp_t, t == dur, G.fwd, S, cfg.kin, log_semiring, pr)
+        fin = jnp.take_along_axis(nxt, final[:, None], axis=1)[:, 0]
+        tot = jnp.where((t == dur) & (ns > 0), fin, tot)
+        return (nxt, tot), alpha
+
+    xs = (jnp.arange(Tp1, dtype=jnp.int32), lpT)
+    if prune is not None:
+        xs = xs + (prune[0], prune[1])
+    init = (_start_vec(ns, S, dtype), jnp.full((B,), NEG_INF, dtype))
+    (_, tot), alphas = lax.scan(step, init, xs)
+    return tot, alphas
+
+
+def _backward_scan(cfg: _Cfg, G: _Graph, lpT, dur, log_semiring):
+    """Viterbi/log backward scores beta_{t+1} for t = 0..T: [T+1, B, S] (no pruning)."""
+    S, dtype = cfg.S, cfg.dtype
+    ns = G.num_states
+    Tp1 = lpT.shape[0]
+    fvec = _final_vec(ns, S, dtype)
+
+    def step(beta, xs):
+        t, lp_t = xs
+        beta_next = jnp.where((t == dur)[:, None], fvec, beta)
+        b, _ = dense_backward_step(beta_next, lp_t, t == dur, G.bwd, S, cfg.kout, log_semiring)
+        return b, beta_next
+
+    _, betas_next = lax.scan(step, jnp.full(fvec.shape, NEG_INF, dtype),
+                             (jnp.arange(Tp1, dtype=jnp.int32), lpT), reverse=True)
+    return betas_next
+
+
+def _prune_info(cfg: _Cfg, G: _Graph, lpT, dur):
+    if not math.isfinite(cfg.beam):
+        return None
+    best, amax = _forward_scan(cfg, G, lpT, dur, False)
+    bmax_next = _backward_scan(cfg, G, lpT, dur, False)
+    cut = best - jnp.asarray(cfg.beam, cfg.dtype)          # -inf when there is no path
+    return amax, bmax_next, lax.stop_gradient(cut)
+
+
+def _grad_scan(cfg: _Cfg, G: _Graph, lpT, dur, alphas, tot, g, prune):
+    """Backward scan: d tot / d log_probs [T+1, B, C] and d tot / d arc (bwd layout) [B, X]."""
+    S, dtype = cfg.S, cfg.dtype
+    B = dur.shape[0]
+    C = lpT.shape[2]
+    ns = G.num_states
+    lay = G.bwd
+    Tp1 = lpT.shape[0]
+    fvec = _final_vec(ns, S, dtype)
+    ok = jnp.isfinite(tot)
+    tot_safe = jnp.where(ok, tot, 0.0)
+    scale = jnp.where(ok, g.astype(dtype), 0.0)
+    lab_seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * C + jnp.maximum(lay.label, 0)).reshape(-1)
+    lab_ok = lay.label >= 0
+
+    def step(carry, xs):
+        beta, acc = carry
+        t, lp_t, alpha_t = xs[0], xs[1], xs[2]
+        pr = None if prune is None else (xs[3], xs[4], prune[2])
+        beta_next = jnp.where((t == dur)[:, None], fvec, beta)
+        b, vals = dense_backward_step(beta_next, lp_t, t == dur, lay, S, cfg.kout, True, pr)
+        post = jnp.exp(_group_take(alpha_t, lay) + vals - tot_safe[:, None]) * scale[:, None]
+        glp = jax.ops.segment_sum(jnp.where(lab_ok, post, 0.0).reshape(-1), lab_seg,
+                                  num_segments=B * C).reshape(B, C)
+        return (b, acc + post), glp
+
+    xs = (jnp.arange(Tp1, dtype=jnp.int32), lpT, alphas)
+    if prune is not None:
+        xs = xs + (prune[0], prune[1])
+    init = (jnp.full(fvec.shape, NEG_INF, dtype), jnp.zeros(lay.score.shape, dtype))
+    (_, acc), glp = lax.scan(step, init, xs, reverse=True)
+    return glp, acc
+
+
+# --------------------------------------------------------------------------------------------
+# total score with analytic VJP
+# --------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _dense_tot(cfg: _Cfg, arcs, lp, dur):
+    return _dense_tot_fwd(cfg, arcs, lp, dur)[0]
+
+
+def _graph(cfg, arcs):
+    return _make_graph(arcs, cfg.S, cfg.kin, cfg.kout, cfg.dtype)
+
+
+def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
+    G = _graph(cfg, arcs)
+    lpT = _time_major(lp, cfg.dtype)
+    prune = _prune_info(cfg, G, lpT, dur)
+    tot, alphas = _forward_scan(cfg, G, lpT, dur, True, prune)
+    return tot, (arcs, lp, dur, alphas, tot, prune)
+
+
+def _dense_tot_bwd(cfg: _Cfg, res, g):
+    arcs, lp, dur, alphas, tot, prune = res
+    glp, gscore = _dense_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g)
+    z = jax.tree.map(lambda x: None, arcs._replace(score=None))
+    return z._replace(score=gscore), glp, None
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _dense_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
+    G = _graph(cfg, arcs)
+    lpT = _time_major(lp, cfg.dtype)
+    glpT, acc = _grad_scan(cfg, G, lpT, dur, alphas, tot, g, prune)
+    glp = jnp.moveaxis(glpT[:-1], 0, 1).astype(lp.dtype)        # [B, T, C]
+    B, A = arcs.src.shape
+    lay = G.bwd
+    idx = jnp.where(lay.arc >= 0, lay.arc, A)
+    b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], idx.shape)
+    gscore = jnp.zeros((B, A), cfg.dtype).at[b_idx, idx].add(acc, mode="drop")
+    return glp, gscore.astype(arcs.score.dtype)
+
+
+_dense_tot.defvjp(_dense_tot_fwd, _dense_tot_bwd)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _dense_tot_jit(cfg, arcs, lp, dur):
+    return _dense_tot(cfg, arcs, lp, dur)
+
+
+# --------------------------------------------------------------------------------------------
+# public entry points
+# --------------------------------------------------------------------------------------------
+
+
+def _check_dense(b_fsas):
+    if not isinstance(b_fsas, DenseFsaVec):
+        raise TypeError(f"b_fsas: expected a DenseFsaVec, got {type(b_fsas).__name__}")
+
+
+def _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a_fsas"):
+    """Graph arcs batched to one graph per output sequence, the matching log-probs and config."""
+    _check_dense(b_fsas)
+    if output_beam is None:
+        output_beam = math.inf
+    output_beam = float(output_beam)
+    if not output_beam > 0:
+        raise ValueError(f"output_beam must be > 0, got {output_beam}")
+    arcs, S, _ = fsa_arrays(a_fsas, name)
+    S = max(S, 1)
+    Bg = arcs.src.shape[0]
+    Bd = b_fsas.dim0()
+    lp, dur = b_fsas.scores, b_fsas.duration
+    if a_to_b_map is not None:
+        m = jnp.asarray(a_to_b_map, jnp.int32)
+        if m.shape != (Bg,):
+            raise ValueError(f"a_to_b_map: expected shape ({Bg},) (one entry per graph), got {m.shape}")
+        if not is_traced(m) and (np.asarray(m).min() < 0 or np.asarray(m).max() >= Bd):
+            raise ValueError(f"a_to_b_map: entries must be in [0, {Bd})")
+        lp, dur = lp[m], dur[m]
+    elif Bg == 1 and Bd > 1:
+        arcs = jax.tree.map(lambda x: jnp.broadcast_to(x, (Bd,) + x.shape[1:]), arcs)
+    elif Bg != Bd:
+        raise ValueError(f"{name}: {Bg} graphs for {Bd} supervision segments (give one graph per "
+                         "segment, a single shared graph, or a_to_b_map)")
+    C = lp.shape[2]
+    if not is_traced(arcs.label, arcs.num_arcs):
+        lab = np.asarray(arcs.label)
+        v = np.asarray(valid_arcs(arcs))
+        if v.any() and (lab[v].min() < -1 or lab[v].max() >= C):
+            raise ValueError(f"{name}: labels must be in [-1, {C}) for log_probs with {C} symbols; "
+                             f"got range [{lab[v].min()}, {lab[v].max()}]")
+    A = arcs.src.shape[1]
+    valid = valid_arcs(arcs)
+    if is_traced(arcs.src, arcs.dst, arcs.num_arcs):
+        kin = kout = None                                   # segment layout
+    else:
+        kin = max_degree(arcs.dst, valid, S, A)
+        kout = max_degree(arcs.src, valid, S, A)
+    cfg = _Cfg(S, kin, kout, output_beam, score_dtype(use_double_scores))
+    return cfg, arcs, lp, dur
+
+
+def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
+                     use_double_scores: bool = True, a_to_b_map=None):
+    """Log-semiring total score of ``intersect_dense(a_fsas, b_fsas, output_beam)`` per segment,
+    computed frame-synchronously without building the lattice.
+
+    Differentiable w.r.t. ``b_fsas.scores`` (hence the log-probs given to DenseFsaVec) and
+    ``a_fsas.score`` with an analytic backward pass.  ``-inf`` (gradient 0) where no path fits.
+    """
+    cfg, arcs, lp, dur = _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores)
+    return _dense_tot_jit(cfg, arcs, lp, dur)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _lattice_core(cfg: _Cfg, arcs, attrs, lp, dur):
+    B, A = arcs.src.shape
+    S = cfg.S
+    dtype = cfg.dtype
+    T = lp.shape[1]
+    lpT = _time_major(lp, dtype)                                  # [T+1, B, C]
+    G = _graph(cfg, arcs)
+    prune = _prune_info(cfg, G, lpT, dur)
+    valid = valid_arcs(arcs)
+    ns = arcs.num_states
+    t = jnp.arange(T + 1, dtype=jnp.int32)[None, :, None]         # [1, T+1, 1]
+    d = dur[:, None, None]
+    is_final = t == d                                             # [B, T+1, 1]
+    lab = arcs.label[:, None, :]
+    lpl = jnp.take_along_axis(jnp.moveaxis(lpT, 0, 1), jnp.maximum(lab, 0), axis=2)  # [B,T+1,A]
+    score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)[:, None, :]
+    w = score + jnp.where(lab >= 0, lpl, jnp.where(is_final, 0.0, NEG_INF))
+    if prune is not None:
+        amax, bmax_next, cut = prune                              # [T+1, B, S]
+        fa = jnp.take_along_axis(jnp.moveaxis(amax, 0, 1), arcs.src[:, None, :], axis=2)
+        bb = jnp.take_along_axis(jnp.moveaxis(bmax_next, 0, 1), arcs.dst[:, None, :], axis=2)
+        w = jnp.where(fa + w + bb > cut[:, None, None], w, NEG_INF)
+    real_arc = valid[:, None, :] & (((lab >= 0) & (t < d)) | ((lab == -1) & is_final))
+    w = jnp.where(real_arc, w, NEG_INF)
+    src_g = jnp.where(valid, arcs.src, jnp.maximum(ns - 1, 0)[:, None])[:, None, :]
+    final_id = ((d + 1) * S)
+    src = t * S + src_g
+    dst_real = jnp.where(is_final, final_id, (t + 1) * S + arcs.dst[:, None, :])
+    dst_dummy = jnp.where(is_final, final_id, (t + 1) * S + src_g)
+    dst = jnp.where(real_arc, dst_real, dst_dummy)
+    label = jnp.where(real_arc, lab, jnp.where(is_final, -1, 0))
+    in_range = t <= d                                             # arcs of frames <= D_b exist
+    shape = (B, (T + 1) * A)
+
+    def flat(x, fill):
+        x = jnp.broadcast_to(x, (B, T + 1, A) + x.shape[3:])
+        x = jnp.where(in_range.reshape(in_range.shape + (1,) * (x.ndim - 3)), x,
+                      jnp.asarray(fill, x.dtype))
+        return x.reshape(shape + x.shape[3:])
+
+    out = dict(src=flat(src, 0).astype(jnp.int32), dst=flat(dst, 0).astype(jnp.int32),
+               label=flat(label, 0).astype(jnp.int32), score=flat(w, NEG_INF).astype(arcs.score.dtype))
+    out_attrs = {k: flat(v[:, None], 0) for k, v in attrs.items()}
+    frame = flat(jnp.broadcast_to(t, (B, T + 1, A)), 0)
+    num_states = jnp.where(ns > 0, (dur + 1) * S + 1, 0).astype(jnp.int32)
+    num_arcs = ((dur + 1) * A).astype(jnp.int32)
+    return out, out_attrs, frame, num_states, num_arcs
+
+
+def intersect_dense(a_fsas, b_fsas: DenseFsaVec, output_beam: float, max_states: int = 15000000,
+                    max_arcs: int = 1073741824, a_to_b_map=None, seqframe_idx_name: Optional[str] = None,
+                    frame_idx_name: Optional[str] = None) -> Fsa:
+    """Intersect decoding graphs with a DenseFsaVec (k2's ``intersect_dense``); see the module doc.
+
+    ``a_fsas``: one graph per segment (a batch), a single graph shared by all segments, or graphs
+    mapped to segments by ``a_to_b_map``.  Graph arcs need not be arc-sorted.  ``max_states`` /
+    ``max_arcs`` are accepted for k2 compatibility and checked against the (static) lattice size.
+    Returns a lattice FsaVec with the graphs' per-arc attributes, plus ``frame_idx_name`` (frame of
+    each arc) and ``seqframe_idx_name`` (k2's row into the dense scores: segment offset + frame)
+    when asked.
+    """
+    cfg, arcs, lp, dur = _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, True)
+    cfg = cfg._replace(dtype=score_dtype(True))
+    B, A = arcs.src.shape
+    T = lp.shape[1]
+    Sl = (T + 1) * cfg.S + 1
+    if Sl > max_states or (T + 1) * A > max_arcs:
+        raise ValueError(f"intersect_dense: lattice of {Sl} states / {(T + 1) * A} arcs per sequence "
+                         f"exceeds max_states={max_states} / max_arcs={max_arcs}")
+    a_batch = jnp.ndim(a_fsas.src) == 2
+    attrs = {k: (jnp.asarray(v) if a_batch else jnp.asarray(v)[None]) for k, v in a_fsas.attrs.items()}
+    attrs = {k: (jnp.broadcast_to(v, (B,) + v.shape[1:]) if v.shape[0] != B else v)
+             for k, v in attrs.items()}
+    out, out_attrs, frame, ns, na = _lattice_core(cfg, arcs, attrs, lp, dur)
+    if frame_idx_name is not None:
+        out_attrs[frame_idx_name] = frame
+    if seqframe_idx_name is not None:
+        offs = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(b_fsas.duration + 1)[:-1]])
+        seg_idx = jnp.arange(B) if a_to_b_map is None else jnp.asarray(a_to_b_map, jnp.int32)
+        out_attrs[seqframe_idx_name] = (offs[seg_idx][:, None] + frame).astype(jnp.int32)
+    return Fsa(out["src"], out["dst"], out["label"], out["score"].astype(jnp.float32), ns, na,
+               out_attrs, max_states=Sl)
