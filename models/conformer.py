@@ -354,6 +354,14 @@ def _layer_stack(block_cls, cfg, deterministic: bool, x, *broadcast_args, name_p
     return x
 
 
+def check_encoder_inputs(cfg: ConformerConfig, features, paddings) -> None:
+    """Shape/dtype checks of encoder inputs with errors naming the input."""
+    check_features(features, paddings, cfg.input_dim)
+    if cfg.output_length(features.shape[1]) < 1:
+        raise ValueError(f"features has {features.shape[1]} frames; {cfg.subsampling}x {cfg.subsampling_type} "
+                         f"subsampling needs at least {cfg.min_frames()}")
+
+
 class ConformerEncoder(nn.Module):
     """``(features [B,T,F], paddings [B,T], train) -> (x [B,T',d_model] compute dtype, out_paddings [B,T'])``."""
     config: ConformerConfig
@@ -361,10 +369,7 @@ class ConformerEncoder(nn.Module):
     @nn.compact
     def __call__(self, features, paddings, train: bool = False):
         cfg = self.config
-        check_features(features, paddings, cfg.input_dim)
-        if cfg.output_length(features.shape[1]) < 1:
-            raise ValueError(f"features has {features.shape[1]} frames; {cfg.subsampling}x {cfg.subsampling_type} "
-                             f"subsampling needs at least {cfg.min_frames()}")
+        check_encoder_inputs(cfg, features, paddings)
         dt = cfg.compute_dtype
         x, out_paddings = Conv2dSubsampling(cfg, name="subsampling")(features, paddings)
         t = x.shape[1]

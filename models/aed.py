@@ -1,0 +1,347 @@
+"""Attention encoder-decoder (AED) speech recognizer: Conformer or Transformer encoder, Transformer or LSTM decoder,
+optional CTC head on the encoder, joint CTC/attention training loss, greedy and beam attention decoding (jit-able).
+
+Token conventions (ESPnet / WeNet):
+- one vocabulary of ``vocab_size`` ids is shared by the CTC head and the decoder; id ``blank_id = 0`` is the CTC
+  blank (never a decoder target); ``sos_id`` and ``eos_id`` default to ``vocab_size - 1`` (one id for both).
+- ``labels [B, U]`` hold the token ids of each utterance without sos/eos, right-padded; ``label_paddings [B, U]``
+  (1.0 = padded). The decoder reads ``[sos, y_1 .. y_n]`` and is trained to emit ``[y_1 .. y_n, eos]``.
+
+Loss (ESPnet ``CTC`` + ``LabelSmoothingLoss``): ``loss = ctc_weight * L_ctc + (1 - ctc_weight) * L_att`` with
+``L_att`` the KL divergence between the label-smoothed target (``1 - eps`` on the target, ``eps / (V - 1)``
+elsewhere) and the decoder distribution, summed over target positions (n tokens + eos), and ``L_ctc`` the CTC
+negative log-likelihood; both averaged over the batch, or divided by the number of target tokens when
+``normalize_length=True``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.conformer import Conv2dSubsampling, ConformerConfig, ConformerEncoder, check_encoder_inputs
+from models.lstm import LSTMDecoder, LSTMDecoderConfig
+from models.transformer import (TransformerConfig, TransformerDecoder, TransformerEncoder, constrain, dense,
+                                lengths_from_paddings, paddings_from_lengths)
+
+
+def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0):
+    """Per-utterance CTC negative log-likelihood ``[B]`` (fsa_ops' analytic-gradient CTC; optax's until it lands)."""
+    try:
+        from fsa_ops.ctc import ctc_nll as _nll
+    except ImportError:  # pragma: no cover - only before fsa_ops.ctc exists
+        import optax
+        return optax.ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id=blank_id)
+    return _nll(logits, logit_paddings, labels, label_paddings, blank_id=blank_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class AEDConfig:
+    """``encoder`` gives the front end and encoder sizes (for ``encoder_type="transformer"`` its conformer-only fields
+    - conv kernel/norm - are unused and the blocks are plain pre-norm Transformer layers with absolute sinusoidal
+    positions and ``ff_mult * d_model`` ReLU FFNs). ``decoder`` is a :class:`TransformerConfig` or an
+    :class:`LSTMDecoderConfig`; its vocabulary and memory size must match."""
+    encoder: ConformerConfig
+    decoder: Any
+    vocab_size: int
+    encoder_type: str = "conformer"
+    ctc_weight: float = 0.3
+    label_smoothing: float = 0.1
+    normalize_length: bool = False
+    blank_id: int = 0
+    sos_id: int | None = None      # None -> vocab_size - 1
+    eos_id: int | None = None      # None -> vocab_size - 1
+
+    def __post_init__(self):
+        def bad(field, msg):
+            raise ValueError(f"AEDConfig.{field}={getattr(self, field)!r}: {msg}")
+        if self.encoder_type not in ("conformer", "transformer"):
+            bad("encoder_type", "must be 'conformer' or 'transformer'")
+        if not isinstance(self.encoder, ConformerConfig):
+            bad("encoder", "must be a ConformerConfig")
+        if isinstance(self.decoder, TransformerConfig):
+            if self.decoder.d_model != self.encoder.d_model:
+                bad("decoder", f"d_model {self.decoder.d_model} != encoder d_model {self.encoder.d_model}")
+        elif isinstance(self.decoder, LSTMDecoderConfig):
+            if self.decoder.memory_dim != self.encoder.d_model:
+                bad("decoder", f"memory_dim {self.decoder.memory_dim} != encoder d_model {self.encoder.d_model}")
+        else:
+            bad("decoder", "must be a TransformerConfig or an LSTMDecoderConfig")
+        if self.decoder.vocab_size != self.vocab_size:
+            bad("vocab_size", f"the decoder's vocab_size is {self.decoder.vocab_size}")
+        if self.vocab_size < 3:
+            bad("vocab_size", "needs at least blank, one token and sos/eos")
+        if not 0.0 <= self.ctc_weight <= 1.0:
+            bad("ctc_weight", "must be in [0, 1]")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            bad("label_smoothing", "must be in [0, 1)")
+        for f in ("blank_id", "sos", "eos"):
+            v = getattr(self, f) if f == "blank_id" else getattr(self, f + "_token")
+            if not 0 <= v < self.vocab_size:
+                raise ValueError(f"AEDConfig.{f if f == 'blank_id' else f + '_id'}={v}: outside the vocabulary")
+        if self.eos_token == self.blank_id:
+            bad("eos_id", "must differ from blank_id")
+
+    @property
+    def sos_token(self) -> int:
+        return self.vocab_size - 1 if self.sos_id is None else self.sos_id
+
+    @property
+    def eos_token(self) -> int:
+        return self.vocab_size - 1 if self.eos_id is None else self.eos_id
+
+    @property
+    def use_ctc(self) -> bool:
+        return self.ctc_weight > 0.0
+
+    def replace(self, **kw) -> "AEDConfig":
+        return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def tiny(cls, vocab_size: int, decoder: str = "transformer", encoder_type: str = "conformer",
+             **kw) -> "AEDConfig":
+        enc = ConformerConfig.tiny(0)
+        dec = (TransformerConfig.tiny(vocab_size, d_model=enc.d_model) if decoder == "transformer"
+               else LSTMDecoderConfig.tiny(vocab_size, memory_dim=enc.d_model))
+        return cls(encoder=enc, decoder=dec, vocab_size=vocab_size, encoder_type=encoder_type, **kw)
+
+    @classmethod
+    def demo(cls, vocab_size: int, decoder: str = "transformer", encoder_type: str = "conformer",
+             **kw) -> "AEDConfig":
+        enc = ConformerConfig.demo(0)
+        dec = (TransformerConfig.demo(vocab_size, d_model=enc.d_model) if decoder == "transformer"
+               else LSTMDecoderConfig.demo(vocab_size, memory_dim=enc.d_model))
+        return cls(encoder=enc, decoder=dec, vocab_size=vocab_size, encoder_type=encoder_type, **kw)
+
+
+class TransformerAudioEncoder(nn.Module):
+    """Conv2d subsampling front end + plain Transformer encoder (sizes from a ConformerConfig)."""
+    config: ConformerConfig
+
+    @nn.compact
+    def __call__(self, features, paddings, train: bool = False):
+        cfg = self.config
+        check_encoder_inputs(cfg, features, paddings)
+        x, out_paddings = Conv2dSubsampling(cfg, name="subsampling")(features, paddings)
+        if cfg.xscale:
+            x = x * math.sqrt(cfg.d_model)
+        tcfg = TransformerConfig(d_model=cfg.d_model, num_heads=cfg.num_heads, num_layers=cfg.num_layers,
+                                 ff_dim=cfg.ff_mult * cfg.d_model, activation="relu", dropout_rate=cfg.dropout_rate,
+                                 attention_dropout_rate=cfg.attention_dropout_rate,
+                                 ff_dropout_rate=cfg.ff_dropout_rate, normalize_before=True,
+                                 layer_norm_eps=cfg.layer_norm_eps, use_bias=cfg.use_bias, dtype=cfg.dtype,
+                                 param_dtype=cfg.param_dtype, remat=cfg.remat, scan_layers=cfg.scan_layers)
+        return TransformerEncoder(tcfg, name="transformer")(x.astype(cfg.compute_dtype), out_paddings, train)
+
+
+def shift_labels(labels, label_paddings, sos_id: int, eos_id: int):
+    """``labels [B,U]`` -> decoder inputs ``[sos, y..]``, targets ``[y.., eos]`` and target paddings, all
+    ``[B, U+1]`` (padded positions hold eos)."""
+    labels = jnp.asarray(labels).astype(jnp.int32)
+    b, u = labels.shape
+    lengths = lengths_from_paddings(label_paddings)
+    pos = jnp.arange(u + 1)[None, :]
+    padded_labels = jnp.concatenate([labels, jnp.full((b, 1), eos_id, jnp.int32)], axis=1)
+    targets = jnp.where(pos < lengths[:, None], padded_labels, eos_id)
+    inputs = jnp.concatenate([jnp.full((b, 1), sos_id, jnp.int32), targets[:, :-1]], axis=1)
+    target_paddings = (pos > lengths[:, None]).astype(jnp.float32)
+    return inputs, targets, target_paddings
+
+
+def label_smoothed_kl(logits, targets, target_paddings, smoothing: float):
+    """Per-utterance sum over valid positions of KL(smoothed one-hot || softmax(logits)) (ESPnet's
+    LabelSmoothingLoss numerator), and per-utterance count of correct argmax predictions. float32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    v = logits.shape[-1]
+    conf = 1.0 - smoothing
+    low = smoothing / (v - 1)
+    # sum_k t_k log t_k (constant) - sum_k t_k logp_k
+    entropy_term = conf * math.log(conf) + (smoothing * math.log(low) if smoothing > 0 else 0.0)
+    tgt_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    cross = -(conf - low) * tgt_logp - low * jnp.sum(logp, axis=-1)
+    valid = 1.0 - target_paddings
+    kl = jnp.sum((entropy_term + cross) * valid, axis=-1)
+    correct = jnp.sum((jnp.argmax(logp, -1) == targets) * valid, axis=-1)
+    return kl, correct
+
+
+def joint_ctc_attention_loss(att_logits, ctc_logits, ctc_paddings, labels, label_paddings, *, ctc_weight: float = 0.3,
+                             label_smoothing: float = 0.1, sos_id: int, eos_id: int, blank_id: int = 0,
+                             normalize_length: bool = False):
+    """Joint CTC/attention loss. ``att_logits [B,U+1,V]`` are the decoder's outputs for inputs
+    ``shift_labels(labels)[0]``; ``ctc_logits [B,T',V]`` with ``ctc_paddings`` (None when ``ctc_weight == 0``).
+    Returns ``(loss, aux)`` with aux ``ctc_loss``, ``att_loss`` (same normalisation as the loss), ``att_accuracy``,
+    ``num_tokens`` (targets incl. eos)."""
+    _, targets, target_paddings = shift_labels(labels, label_paddings, sos_id, eos_id)
+    if att_logits.shape[:2] != targets.shape:
+        raise ValueError(f"att_logits must be [batch, labels+1, vocab] = {targets.shape}+(V,), got "
+                         f"{att_logits.shape}")
+    kl, correct = label_smoothed_kl(att_logits, targets, target_paddings, label_smoothing)
+    num_tokens = jnp.sum(1.0 - target_paddings)
+    denom = num_tokens if normalize_length else jnp.float32(labels.shape[0])
+    att = jnp.sum(kl) / denom
+    aux = {"att_loss": att, "att_accuracy": jnp.sum(correct) / jnp.maximum(num_tokens, 1.0),
+           "num_tokens": num_tokens}
+    if ctc_weight > 0.0:
+        nll = ctc_nll(ctc_logits.astype(jnp.float32), ctc_paddings, labels, label_paddings, blank_id)
+        ctc = jnp.sum(nll) / denom
+        aux["ctc_loss"] = ctc
+        loss = ctc_weight * ctc + (1.0 - ctc_weight) * att
+    else:
+        loss = att
+    return loss, aux
+
+
+class AEDModel(nn.Module):
+    """The AED network. Methods (call through ``model.apply(variables, ..., method=AEDModel.X)``):
+
+    - ``__call__(features, feature_paddings, labels, label_paddings, train)`` -> dict ``att_logits [B,U+1,V]``,
+      ``ctc_logits [B,T',V]`` (None without CTC), ``enc_paddings [B,T']``. Used by ``init`` and ``loss``.
+    - ``encode(features, feature_paddings, train)`` -> ``(enc [B,T',D], enc_paddings, ctc_logits or None)``.
+    - ``decode(tokens [B,U], enc, enc_paddings, train)`` -> logits ``[B,U,V]`` float32 (teacher forcing).
+    - ``loss(features, feature_paddings, labels, label_paddings, train)`` -> ``(loss, aux)``.
+    - ``init_state(enc, enc_paddings, max_len)`` / ``step(tokens [B], index, state)`` -> incremental decoding.
+    Decoding: :func:`greedy_search`, :func:`beam_search`.
+    """
+    config: AEDConfig
+
+    def setup(self):
+        cfg = self.config
+        self.encoder = (ConformerEncoder(cfg.encoder) if cfg.encoder_type == "conformer"
+                        else TransformerAudioEncoder(cfg.encoder))
+        self.decoder = (TransformerDecoder(cfg.decoder) if isinstance(cfg.decoder, TransformerConfig)
+                        else LSTMDecoder(cfg.decoder))
+        if cfg.use_ctc:
+            self.ctc_head = dense(cfg.vocab_size, ("embed", "vocab"), dtype=jnp.float32,
+                                  param_dtype=cfg.encoder.params_dtype)
+
+    def encode(self, features, feature_paddings, train: bool = False):
+        enc, enc_paddings = self.encoder(features, feature_paddings, train)
+        ctc_logits = None
+        if self.config.use_ctc:
+            ctc_logits = constrain(self.ctc_head(enc.astype(jnp.float32)), ("batch", "length", "vocab"))
+        return enc, enc_paddings, ctc_logits
+
+    def decode(self, tokens, enc, enc_paddings, train: bool = False):
+        return self.decoder(tokens, enc, enc_paddings, train)
+
+    def init_state(self, enc, enc_paddings, max_len: int):
+        return self.decoder.init_state(enc, enc_paddings, max_len)
+
+    def step(self, tokens, index, state):
+        return self.decoder.step(tokens, index, state)
+
+    def __call__(self, features, feature_paddings, labels, label_paddings, train: bool = False):
+        cfg = self.config
+        if labels.ndim != 2 or label_paddings.shape != labels.shape:
+            raise ValueError(f"labels must be [batch, length] with label_paddings of the same shape, got "
+                             f"{labels.shape} and {label_paddings.shape}")
+        if labels.shape[0] != features.shape[0]:
+            raise ValueError(f"labels has batch {labels.shape[0]}, features has {features.shape[0]}")
+        enc, enc_paddings, ctc_logits = self.encode(features, feature_paddings, train)
+        inputs, _, _ = shift_labels(labels, label_paddings, cfg.sos_token, cfg.eos_token)
+        att_logits = self.decode(inputs, enc, enc_paddings, train)
+        return {"att_logits": att_logits, "ctc_logits": ctc_logits, "enc_paddings": enc_paddings}
+
+    def loss(self, features, feature_paddings, labels, label_paddings, train: bool = False):
+        cfg = self.config
+        out = self(features, feature_paddings, labels, label_paddings, train)
+        return joint_ctc_attention_loss(out["att_logits"], out["ctc_logits"], out["enc_paddings"], labels,
+                                        label_paddings, ctc_weight=cfg.ctc_weight,
+                                        label_smoothing=cfg.label_smoothing, sos_id=cfg.sos_token,
+                                        eos_id=cfg.eos_token, blank_id=cfg.blank_id,
+                                        normalize_length=cfg.normalize_length)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decoding (pure functions of variables; jit them with max_len / beam_size static)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _encode(model, variables, features, feature_paddings):
+    enc, enc_pad, _ = model.apply(variables, features, feature_paddings, False, method=AEDModel.encode)
+    return enc, enc_pad
+
+
+def greedy_search(model: AEDModel, variables, features, feature_paddings, max_len: int):
+    """Greedy attention decoding. Returns ``tokens [B, max_len]`` (eos excluded; padded positions hold eos),
+    ``token_paddings [B, max_len]`` and ``scores [B]`` (sum of log-probabilities incl. eos when emitted)."""
+    cfg = model.config
+    enc, enc_pad = _encode(model, variables, features, feature_paddings)
+    b = enc.shape[0]
+    state = model.apply(variables, enc, enc_pad, max_len + 1, method=AEDModel.init_state)
+
+    def body(carry, index):
+        tok, st, done, score = carry
+        logits, st = model.apply(variables, tok, index, st, method=AEDModel.step)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nxt = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+        score = score + jnp.where(done, 0.0, jnp.take_along_axis(logp, nxt[:, None], -1)[:, 0])
+        nxt = jnp.where(done, cfg.eos_token, nxt)
+        done = done | (nxt == cfg.eos_token)
+        return (nxt, st, done, score), nxt
+
+    init = (jnp.full((b,), cfg.sos_token, jnp.int32), state, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.float32))
+    (_, _, _, scores), toks = jax.lax.scan(body, init, jnp.arange(max_len, dtype=jnp.int32))
+    toks = toks.T
+    lengths = jnp.argmax(jnp.concatenate([toks, jnp.full((b, 1), cfg.eos_token, jnp.int32)], 1) == cfg.eos_token,
+                         axis=1)
+    return toks, paddings_from_lengths(lengths, max_len), scores
+
+
+def beam_search(model: AEDModel, variables, features, feature_paddings, max_len: int, beam_size: int,
+                length_bonus: float = 0.0):
+    """Batched beam search over the attention decoder (``lax.while_loop``; stops when every beam has emitted eos or
+    after ``max_len`` tokens). A hypothesis' score is the sum of its token log-probabilities (eos included) plus
+    ``length_bonus`` per non-eos token. Returns ``tokens [B, K, max_len]`` (best first; eos excluded, padded
+    positions hold eos), ``token_paddings [B, K, max_len]`` and ``scores [B, K]``."""
+    cfg = model.config
+    eos, k, v = cfg.eos_token, beam_size, cfg.vocab_size
+    if k < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    enc, enc_pad = _encode(model, variables, features, feature_paddings)
+    b = enc.shape[0]
+    rep = lambda x: jnp.repeat(x, k, axis=0)
+    state = model.apply(variables, rep(enc), rep(enc_pad), max_len + 1, method=AEDModel.init_state)
+    scores = jnp.tile(jnp.array([0.0] + [-jnp.inf] * (k - 1), jnp.float32), (b, 1))  # only beam 0 alive at first
+    tokens = jnp.full((b, k, max_len), eos, jnp.int32)
+    last = jnp.full((b * k,), cfg.sos_token, jnp.int32)
+    done = jnp.zeros((b, k), bool)
+
+    def cond(carry):
+        t, _, _, _, _, done = carry
+        return (t < max_len) & ~jnp.all(done)
+
+    def body(carry):
+        t, last, st, tokens, scores, done = carry
+        logits, st = model.apply(variables, last, t, st, method=AEDModel.step)
+        logp = jax.nn.log_softmax(logits, axis=-1).reshape(b, k, v)
+        bonus = jnp.where(jnp.arange(v) == eos, 0.0, length_bonus)
+        logp = logp + bonus
+        # a finished hypothesis extends only by eos, at no cost
+        stay = jnp.where(jnp.arange(v) == eos, 0.0, -jnp.inf)
+        logp = jnp.where(done[..., None], stay, logp)
+        cand = (scores[..., None] + logp).reshape(b, k * v)
+        new_scores, flat = jax.lax.top_k(cand, k)
+        beam, tok = flat // v, (flat % v).astype(jnp.int32)
+        gather = (jnp.arange(b)[:, None] * k + beam).reshape(-1)
+        st = jax.tree_util.tree_map(lambda x: x[gather], st)
+        tokens = jnp.take_along_axis(tokens, beam[..., None], axis=1)
+        done = jnp.take_along_axis(done, beam, axis=1)
+        tokens = tokens.at[:, :, t].set(jnp.where(done, eos, tok))
+        done = done | (tok == eos)
+        return t + 1, tok.reshape(-1), st, tokens, new_scores, done
+
+    _, _, _, tokens, scores, done = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), last, state, tokens, scores, done))
+    order = jnp.argsort(-scores, axis=1)
+    tokens = jnp.take_along_axis(tokens, order[..., None], axis=1)
+    scores = jnp.take_along_axis(scores, order, axis=1)
+    ext = jnp.concatenate([tokens, jnp.full((b, k, 1), eos, jnp.int32)], axis=2)
+    lengths = jnp.argmax(ext == eos, axis=2)
+    paddings = (jnp.arange(max_len)[None, None, :] >= lengths[..., None]).astype(jnp.float32)
+    return tokens, paddings, scores
