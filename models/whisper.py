@@ -82,7 +82,7 @@ class WhisperConfig:
     eos_token_id: Optional[int] = 50256
     decoder_start_token_id: int = 50257
     layer_norm_eps: float = 1e-5
-    extra_json: str = "{}"
+    extra_json: str = dataclasses.field(default="{}", compare=False)
 
     def __post_init__(self):
         for heads, name in ((self.encoder_attention_heads, "encoder"), (self.decoder_attention_heads, "decoder")):
@@ -538,4 +538,4 @@ def init_params(model: WhisperModel, rng: Array, batch_size: int = 1, decoder_le
     c = model.config
     feats = jnp.zeros((batch_size, c.num_mel_bins, c.num_frames), jnp.float32)
     ids = jnp.zeros((batch_size, decoder_length), jnp.int32)
-    return model.init(rng, feats, ids)["params"]
+    return jax.jit(model.init)(rng, feats, ids)["params"]
