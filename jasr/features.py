@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = [
     "FeatureConfig", "CmvnStats", "compute_features", "num_frames", "feature_dim",
-    "fbank", "mfcc", "whisper_log_mel", "kaldi_mel_banks", "slaney_mel_filters", "feature_window",
+    "fbank", "mfcc", "whisper_log_mel", "log_mel_spectrogram", "librosa_mfcc", "kaldi_mel_banks", "slaney_mel_filters", "feature_window",
     "utterance_cmvn", "apply_cmvn", "accumulate_cmvn", "compute_cmvn_stats",
     "fbank_jax", "whisper_log_mel_jax", "compute_features_jax",
     "WHISPER_SAMPLE_RATE", "WHISPER_N_FFT", "WHISPER_HOP", "WHISPER_CHUNK_SAMPLES",
@@ -327,6 +327,47 @@ def whisper_log_mel(audio: np.ndarray, n_mels: int = 80, *, pad_or_trim: bool = 
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
 
 
+def log_mel_spectrogram(audio: np.ndarray, sample_rate: int = 22050, *, n_fft: int = 2048, hop_length: int = 512,
+                        n_mels: int = 128, fmin: float = 0.0, fmax: float | None = None,
+                        top_db: float | None = 80.0) -> np.ndarray:
+    """librosa-convention log-mel (dB): audio [S] -> float32 [1 + S // hop_length, n_mels].
+
+    As `librosa.power_to_db(librosa.feature.melspectrogram(y=audio, sr=...))` (zero-padded centred frames,
+    periodic Hann window, power 2, Slaney mel filters, 10 log10 with amin 1e-10 and `top_db` range), transposed.
+    """
+    a = _check_audio(audio)
+    half = n_fft // 2
+    padded = np.pad(a, (half, half))
+    if padded.shape[0] < n_fft:
+        padded = np.pad(padded, (0, n_fft - padded.shape[0]))
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length]
+    frames = frames[: 1 + a.shape[0] // hop_length]
+    window = 0.5 - 0.5 * np.cos(2.0 * math.pi * np.arange(n_fft) / n_fft)
+    power = np.abs(np.fft.rfft(frames * window[None], axis=1)) ** 2
+    mel = power @ slaney_mel_filters(sample_rate, n_fft, n_mels, fmin, fmax).T
+    db = 10.0 * np.log10(np.maximum(mel, 1e-10))
+    if top_db is not None:
+        db = np.maximum(db, db.max() - top_db)
+    return db.astype(np.float32)
+
+
+def librosa_mfcc(audio: np.ndarray, sample_rate: int = 22050, n_mfcc: int = 20, **kwargs) -> np.ndarray:
+    """librosa-convention MFCC: orthonormal DCT-II of `log_mel_spectrogram` -> float32 [frames, n_mfcc].
+
+    Equal to `librosa.feature.mfcc(y=audio, sr=sample_rate, n_mfcc=n_mfcc, ...)` transposed; kwargs as for
+    log_mel_spectrogram.
+    """
+    db = log_mel_spectrogram(audio, sample_rate, **kwargs).astype(np.float64)
+    m = db.shape[1]
+    if n_mfcc > m:
+        raise ValueError(f"n_mfcc={n_mfcc} > n_mels={m}")
+    k = np.arange(n_mfcc)[None, :]
+    n = np.arange(m)[:, None]
+    dct = np.sqrt(2.0 / m) * np.cos(math.pi / m * (n + 0.5) * k)
+    dct[:, 0] = math.sqrt(1.0 / m)
+    return (db @ dct).astype(np.float32)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Normalisation.
 
@@ -379,12 +420,34 @@ def accumulate_cmvn(features: Iterable[np.ndarray], *, min_std: float = 1e-5) ->
     return CmvnStats(mean, np.maximum(std, min_std), n)
 
 
-def compute_cmvn_stats(audio_paths: Iterable[str], config: FeatureConfig) -> CmvnStats:
-    """Global CMVN over the un-normalised features of audio files (e.g. a manifest's `u.audio_path`s)."""
-    from jasr.audio import load_audio  # same layer; local import keeps features usable without soundfile
+def compute_cmvn_stats(source, config: FeatureConfig, *, max_utterances: int | None = None,
+                       seed: int = 0) -> CmvnStats:
+    """Global CMVN over the un-normalised features of a data set.
+
+    source: a JSONL manifest path, a sequence of jasr.data.Utterance, or a sequence of audio file paths.
+    max_utterances: use a seeded random subset of that many (for large manifests).
+    """
+    from jasr.audio import load_audio  # same layer; local imports keep features free of file handling
+    if isinstance(source, (str, os.PathLike)):
+        from jasr.data import read_manifest
+        source = read_manifest(source)
+    items = list(source)
+    if not items:
+        raise ValueError("compute_cmvn_stats: no utterances")
+    if max_utterances is not None and len(items) > max_utterances:
+        pick = np.sort(np.random.default_rng(seed).choice(len(items), max_utterances, replace=False))
+        items = [items[i] for i in pick]
     raw = dataclasses.replace(config, normalize="none")
-    return accumulate_cmvn(_features_2d(compute_features(load_audio(p, raw.sample_rate), raw), raw)
-                           for p in audio_paths)
+
+    def feats():
+        for it in items:
+            if isinstance(it, (str, os.PathLike)):
+                audio = load_audio(it, raw.sample_rate)
+            else:
+                audio = load_audio(it.audio_path, raw.sample_rate, offset=it.offset,
+                                   duration=it.duration if it.offset else None)
+            yield _features_2d(compute_features(audio, raw), raw)
+    return accumulate_cmvn(feats())
 
 
 def _features_2d(x, config):

@@ -12,8 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from jasr.audio import load_audio
 from jasr.features import (CmvnStats, FeatureConfig, accumulate_cmvn, apply_cmvn, compute_cmvn_stats,
-                           compute_features, compute_features_jax, fbank, fbank_jax, feature_dim, mfcc, num_frames,
-                           slaney_mel_filters, utterance_cmvn, whisper_log_mel, whisper_log_mel_jax)
+                           compute_features, compute_features_jax, fbank, fbank_jax, feature_dim, librosa_mfcc,
+                           log_mel_spectrogram, mfcc, num_frames, slaney_mel_filters, utterance_cmvn,
+                           whisper_log_mel, whisper_log_mel_jax)
 
 DATA = "/work/shared/data"
 
@@ -101,6 +102,18 @@ def test_mfcc_matches_kaldi_native_fbank(speech_lj, kw):
 def test_slaney_filters_match_librosa(sr, n_fft, n_mels, fmin, fmax):
     ref = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, dtype=np.float64)
     np.testing.assert_allclose(slaney_mel_filters(sr, n_fft, n_mels, fmin, fmax), ref, rtol=1e-9, atol=1e-12)
+
+
+def test_librosa_convention_log_mel_and_mfcc():
+    x = load_audio(LJ[1]["path"], sample_rate=None)                         # 22.05 kHz
+    ref = librosa.power_to_db(librosa.feature.melspectrogram(y=x, sr=22050))
+    np.testing.assert_allclose(log_mel_spectrogram(x, 22050), ref.T, atol=1e-3, rtol=0)
+    ref = librosa.feature.mfcc(y=x, sr=22050, n_mfcc=13)
+    np.testing.assert_allclose(librosa_mfcc(x, 22050, 13), ref.T, atol=2e-3, rtol=1e-5)
+    y = load_audio(FSDD[5]["path"], sample_rate=None)                       # 8 kHz, other framing
+    kw = dict(n_fft=512, hop_length=128, n_mels=40)
+    ref = librosa.feature.mfcc(y=y, sr=8000, n_mfcc=20, **kw)
+    np.testing.assert_allclose(librosa_mfcc(y, 8000, 20, **kw), ref.T, atol=2e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize("n_mels", [80, 128])
@@ -194,6 +207,14 @@ def test_cmvn(tmp_path, speech16k, speech_lj):
     cfg = FeatureConfig(num_mel_bins=40, normalize="global", cmvn_path=str(p))
     file_stats = compute_cmvn_stats([LIBRI[1]["path"], LJ[1]["path"]], cfg)
     np.testing.assert_allclose(file_stats.mean, stats.mean, rtol=1e-6)
+    manifest = os.path.join(DATA, "librivox_sense_sensibility", "manifest.jsonl")
+    from jasr.data import read_manifest
+    all_feats = [fbank(load_audio(u.audio_path), 16000, 40) for u in read_manifest(manifest)]
+    m_stats = compute_cmvn_stats(manifest, cfg)
+    np.testing.assert_allclose(m_stats.mean, np.concatenate(all_feats).astype(np.float64).mean(0), rtol=1e-6)
+    sub = compute_cmvn_stats(manifest, cfg, max_utterances=2, seed=1)          # a seeded subset of two
+    assert sub.count in {a.shape[0] + b.shape[0] for i, a in enumerate(all_feats) for b in all_feats[i + 1:]}
+    assert compute_cmvn_stats(manifest, cfg, max_utterances=2, seed=1).count == sub.count
     np.testing.assert_allclose(compute_features(speech16k, cfg), apply_cmvn(a, stats), atol=1e-6)
     with pytest.raises(ValueError, match="CMVN"):
         compute_features(speech16k, FeatureConfig(normalize="global"))
