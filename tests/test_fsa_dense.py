@@ -1,0 +1,255 @@
+"""fsa_ops.dense / graph_ctc / pruned against brute force (graph paths x frames), optax and fsa_ops.ctc."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fsa_oracle as oracle
+from fsa_ops.dense import DenseFsaVec, dense_tot_scores, intersect_dense
+from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.graph_ctc import ctc_loss
+from fsa_ops.graphs import ctc_graph, ctc_topo
+from fsa_ops.scores import get_tot_scores
+from fsa_ops.shortest_path import shortest_path
+
+B, N, T, C = 3, 2, 4, 5
+A_PAD, S_PAD = 12, 6
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _pad(fsas):
+    return create_fsa_vec(list(fsas), pad_arcs_to=A_PAD, max_states=S_PAD)
+
+
+graphs = st.lists(oracle.random_fsas(min_states=2, max_states=5, max_arcs=10, num_labels=C - 1,
+                                     acyclic=False, aux_labels=True), min_size=B, max_size=B).map(_pad)
+
+
+@st.composite
+def dense_inputs(draw):
+    lp = np.array(draw(st.lists(st.floats(-3, 0, width=32), min_size=N * T * C, max_size=N * T * C)),
+                  np.float32).reshape(N, T, C)
+    segs = []
+    for _ in range(B):
+        d = draw(st.integers(1, T))
+        s = draw(st.integers(0, T - d))
+        segs.append((draw(st.integers(0, N - 1)), s, d))
+    return lp, np.array(segs, np.int32)
+
+
+def _brute(graph, lp, seg, beam=math.inf):
+    """Enumerate graph paths of exactly `dur` frame arcs + the final arc.
+
+    Returns (tot, best, grad_lp [N,T,C], grad_score [A], best_path or None) for one segment.
+    """
+    n, start, dur = (int(x) for x in seg)
+    paths = []
+    for p in oracle.enumerate_paths(graph, max_arcs=dur + 1):
+        if len(p.arcs) != dur + 1 or p.labels[-1] != -1 or any(l < 0 for l in p.labels[:-1]):
+            continue
+        sc = p.score + sum(float(lp[n, start + t, p.labels[t]]) for t in range(dur))
+        paths.append((sc, p))
+    g_lp = np.zeros(lp.shape)
+    g_sc = np.zeros(len(graph.src))
+    if not paths:
+        return -math.inf, -math.inf, g_lp, g_sc, None
+    best = max(s for s, _ in paths)
+    if math.isfinite(beam):
+        # best score through each (frame, arc); keep paths all of whose (frame, arc) pass the cut
+        through = {}
+        for s, p in paths:
+            for t, a in enumerate(p.arcs):
+                through[(t, a)] = max(through.get((t, a), -math.inf), s)
+        paths = [(s, p) for s, p in paths if all(through[(t, a)] > best - beam
+                                                 for t, a in enumerate(p.arcs))]
+    tot = float(np.logaddexp.reduce([s for s, _ in paths]))
+    for s, p in paths:
+        w = math.exp(s - tot)
+        for t, a in enumerate(p.arcs):
+            g_sc[a] += w
+            if t < dur:
+                g_lp[n, start + t, p.labels[t]] += w
+    best_path = max(paths, key=lambda x: x[0])[1]
+    return tot, best, g_lp, g_sc, best_path
+
+
+def _close(a, b, tol=1e-4):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    inf = np.isneginf(a) & np.isneginf(b)
+    np.testing.assert_allclose(np.where(inf, 0, a), np.where(inf, 0, b), atol=tol, rtol=tol)
+
+
+def _tot_and_grads(graph, lp, segs, beam):
+    gj = graph.to_jax()
+
+    def f(lp_, score):
+        return jnp.sum(dense_tot_scores(gj.replace(score=score), DenseFsaVec(lp_, segs), output_beam=beam))
+    tot = dense_tot_scores(gj, DenseFsaVec(lp, segs), output_beam=beam)
+    g_lp, g_sc = jax.grad(f, argnums=(0, 1))(jnp.asarray(lp), gj.score)
+    return tot, g_lp, g_sc
+
+
+@SETTINGS
+@given(graphs, dense_inputs(), st.sampled_from([math.inf, 1.0]))
+def test_dense_tot_scores_and_grads_match_enumeration(graph, dense, beam):
+    lp, segs = dense
+    tot, g_lp, g_sc = _tot_and_grads(graph, lp, segs, beam)
+    assert not np.any(np.isnan(np.asarray(g_lp))) and not np.any(np.isnan(np.asarray(g_sc)))
+    ref_glp = np.zeros(lp.shape)
+    for b in range(B):
+        r_tot, _, r_glp, r_gsc, _ = _brute(graph[b], lp, segs[b], beam)
+        _close(tot[b], r_tot)
+        ref_glp += r_glp
+        na = int(graph.num_arcs[b])
+        _close(g_sc[b, :na], r_gsc, 2e-4)
+        assert np.all(np.asarray(g_sc[b, na:]) == 0)
+    _close(g_lp, ref_glp, 2e-4)
+
+
+@SETTINGS
+@given(graphs, dense_inputs())
+def test_lattice_matches_enumeration(graph, dense):
+    """intersect_dense's lattice: total scores (log/tropical) and best path; traced (segment) path."""
+    lp, segs = dense
+    dv = DenseFsaVec(lp, segs)
+    lat = intersect_dense(graph, dv, output_beam=1.5, frame_idx_name="frame")
+    tot_log = get_tot_scores(intersect_dense(graph, dv, output_beam=math.inf))
+    tot_trop = get_tot_scores(lat, log_semiring=False)
+    traced = _jit_tot(graph.to_jax(), jnp.asarray(lp), jnp.asarray(segs))
+    best = shortest_path(lat).to_numpy()
+    for b in range(B):
+        r_tot, r_best, _, _, r_path = _brute(graph[b], lp, segs[b])
+        _close(tot_log[b], r_tot)
+        _close(traced[b], r_tot)
+        _close(tot_trop[b], r_best)
+        if r_path is None:
+            assert int(best.num_states[b]) == 0
+            continue
+        p = best[b]
+        assert abs(float(np.sum(p.score)) - r_best) < 1e-4
+        assert int(p.num_states) == int(segs[b, 2]) + 2
+        np.testing.assert_array_equal(p.attrs["frame"], np.arange(int(segs[b, 2]) + 1))
+        assert p.label[-1] == -1 and p.attrs["aux_labels"][-1] == -1
+
+
+@jax.jit
+def _jit_tot(g, lp, segs):
+    return dense_tot_scores(g, DenseFsaVec(lp, segs))
+
+
+def _ctc_batch(rng, Bn=3, Tn=12, Cn=6, Lmax=4):
+    logits = rng.normal(size=(Bn, Tn, Cn)).astype(np.float32) * 2
+    lens = rng.integers(1, Lmax + 1, size=Bn)
+    tlen = rng.integers(Tn // 2, Tn + 1, size=Bn)
+    tlen[0] = Tn
+    labels = np.zeros((Bn, Lmax), np.int32)
+    for b in range(Bn):
+        labels[b, :lens[b]] = rng.integers(1, Cn, size=lens[b])
+    lpad = (np.arange(Lmax)[None] >= lens[:, None]).astype(np.float32)
+    tpad = (np.arange(Tn)[None] >= tlen[:, None]).astype(np.float32)
+    segs = np.stack([np.arange(Bn), np.zeros(Bn, int), tlen], 1).astype(np.int32)
+    graph = ctc_graph([list(labels[b, :lens[b]]) for b in range(Bn)])
+    return logits, labels, lpad, tpad, segs, graph
+
+
+def test_ctc_loss_equals_optax_and_fsa_ops_ctc():
+    rng = np.random.default_rng(0)
+    logits, labels, lpad, tpad, segs, graph = _ctc_batch(rng)
+
+    def ours(x, beam=math.inf):
+        return ctc_loss(graph, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=beam, reduction="none")
+
+    def ref(x):
+        return optax.ctc_loss(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad))
+
+    x = jnp.asarray(logits)
+    np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-4)
+    g1 = jax.grad(lambda x: jnp.sum(ours(x)))(x)
+    g2 = jax.grad(lambda x: jnp.sum(ref(x)))(x)
+    np.testing.assert_allclose(g1, g2, atol=1e-5)
+    try:
+        from fsa_ops.ctc import ctc_nll
+    except ImportError:  # pragma: no cover - the ctc helper's module is part of the repo
+        ctc_nll = None
+    if ctc_nll is not None:
+        nll = ctc_nll(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad))
+        np.testing.assert_allclose(ours(x), nll, rtol=1e-5, atol=1e-4)
+        g3 = jax.grad(lambda x: jnp.sum(ctc_nll(x, jnp.asarray(tpad), jnp.asarray(labels),
+                                                jnp.asarray(lpad))))(x)
+        np.testing.assert_allclose(g1, g3, atol=1e-5)
+    # k2's default beam drops only paths far below the best one: the loss moves up, slightly
+    l10 = ours(x, 10.0)
+    assert np.all(np.asarray(l10) >= np.asarray(ours(x)) - 1e-5)
+    np.testing.assert_allclose(l10, ours(x), atol=1e-2)
+    # reductions
+    assert abs(float(ctc_loss(graph, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=None))
+               - float(jnp.sum(ref(x)))) < 1e-3
+    tl = jnp.asarray((1 - lpad).sum(1))
+    m = ctc_loss(graph, DenseFsaVec(jax.nn.log_softmax(x), segs), None, "mean", target_lengths=tl)
+    assert abs(float(m) - float(jnp.mean(ref(x) / tl))) < 1e-4
+    # a shared graph (ctc_topo: any sequence) gives 0 loss on normalised log-probs
+    topo = ctc_topo(5)
+    lz = ctc_loss(topo, DenseFsaVec(jax.nn.log_softmax(x), segs), None, "none")
+    np.testing.assert_allclose(lz, 0.0, atol=1e-4)
+
+
+def test_impossible_segment_and_errors():
+    g = ctc_graph([[1, 1, 1]])        # needs >= 5 frames
+    lp = jax.nn.log_softmax(jnp.zeros((1, 4, 3)))
+    dv = DenseFsaVec(lp, np.array([[0, 0, 4]], np.int32))
+    loss = ctc_loss(g, dv, reduction="none")
+    assert np.isposinf(float(loss[0]))
+    gr = jax.grad(lambda x: jnp.sum(jnp.where(jnp.isfinite(l := dense_tot_scores(
+        g, DenseFsaVec(x, np.array([[0, 0, 4]], np.int32)))), l, 0.0)))(lp)
+    assert not np.any(np.isnan(np.asarray(gr))) and np.all(np.asarray(gr) == 0)
+    with pytest.raises(ValueError, match="duration"):
+        DenseFsaVec(lp, np.array([[0, 0, 0]], np.int32))
+    with pytest.raises(ValueError, match="start_frame"):
+        DenseFsaVec(lp, np.array([[0, 2, 3]], np.int32))
+    with pytest.raises(ValueError, match="sequence_index"):
+        DenseFsaVec(lp, np.array([[1, 0, 3]], np.int32))
+    with pytest.raises(ValueError, match="labels must be in"):
+        dense_tot_scores(ctc_graph([[7]]), dv)
+    with pytest.raises(ValueError, match="graphs for"):
+        dense_tot_scores(ctc_graph([[1], [2]]), DenseFsaVec(jnp.zeros((3, 4, 3)), np.array(
+            [[0, 0, 4], [1, 0, 4], [2, 0, 4]], np.int32)))
+    with pytest.raises(ValueError, match="reduction"):
+        ctc_loss(g, dv, reduction="avg")
+    # allow_truncate shortens a segment running past the end
+    d2 = DenseFsaVec(lp, np.array([[0, 1, 4]], np.int32), allow_truncate=1)
+    assert int(d2.duration[0]) == 3
+
+
+def test_a_to_b_map_and_finite_differences():
+    rng = np.random.default_rng(1)
+    lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, 5, 4)), jnp.float32))
+    segs = np.array([[0, 0, 5], [1, 1, 4]], np.int32)
+    dv = DenseFsaVec(lp, segs)
+    g = Fsa.from_str("0 0 0 0.1\n0 1 1 -0.2\n1 1 1 0.3\n1 0 2 0.5\n1 2 -1 0\n0 2 -1 -0.1\n2")
+    gv = create_fsa_vec([g, g, g])
+    t_map = dense_tot_scores(gv, dv, a_to_b_map=np.array([1, 0, 1], np.int32))
+    t_shared = dense_tot_scores(g, dv)
+    np.testing.assert_allclose(t_map, np.asarray(t_shared)[[1, 0, 1]], rtol=1e-6)
+    gj = create_fsa_vec([g]).to_jax()
+
+    def f(score, x):
+        return jnp.sum(dense_tot_scores(gj.replace(score=score), DenseFsaVec(x, segs), output_beam=20.0))
+
+    gs, gx = jax.grad(f, argnums=(0, 1))(gj.score, lp)
+    eps = 1e-2
+    base = np.asarray(gj.score, np.float64)
+    for i in range(base.shape[1]):
+        d = np.zeros_like(base)
+        d[0, i] = eps
+        fd = (f(jnp.asarray(base + d, jnp.float32), lp) - f(jnp.asarray(base - d, jnp.float32), lp)) / (2 * eps)
+        assert abs(float(fd) - float(gs[0, i])) < 5e-3, (i, float(fd), float(gs[0, i]))
+    for (n, t, c) in [(0, 0, 0), (0, 3, 1), (1, 2, 2), (1, 4, 1)]:
+        d = np.zeros(lp.shape, np.float32)
+        d[n, t, c] = eps
+        fd = (f(gj.score, lp + d) - f(gj.score, lp - d)) / (2 * eps)
+        assert abs(float(fd) - float(gx[n, t, c])) < 5e-3, ((n, t, c), float(fd), float(gx[n, t, c]))
