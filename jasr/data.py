@@ -236,9 +236,14 @@ class _Bucket:
     label_len: int        # N (when label_bucket_boundaries is None)
 
 
-def _frames_for(duration: float, feature_config: FeatureConfig) -> int:
-    # +1 sample covers resampler rounding; frames from the same formula as the feature functions.
-    return num_frames(int(math.ceil(duration * feature_config.sample_rate)) + 1, feature_config)
+_SLACK_S = 0.002   # manifest durations are rounded (e.g. to 0.1 ms) and resamplers round lengths
+
+
+def _frames_for(duration: float, feature_config: FeatureConfig, *, upper: bool = True) -> int:
+    """Frames of `duration` seconds of audio: an upper bound (bucket sizes) or a lower bound (label fit)."""
+    sr = feature_config.sample_rate
+    samples = math.ceil((duration + _SLACK_S) * sr) if upper else max(math.floor((duration - _SLACK_S) * sr), 0)
+    return num_frames(samples, feature_config)
 
 
 def _bucket_lengths(edge: float, fc: FeatureConfig, bc: BatchConfig) -> tuple[int, int]:
@@ -247,7 +252,7 @@ def _bucket_lengths(edge: float, fc: FeatureConfig, bc: BatchConfig) -> tuple[in
         t = num_frames(0, fc)   # the model's fixed 3000 frames, not rounded
     else:
         t = _round_up(max(_frames_for(edge, fc), 1), bc.frame_pad_multiple)
-    s = _round_up(int(math.ceil(edge * fc.sample_rate)) + 1, bc.frame_pad_multiple * 16)
+    s = _round_up(int(math.ceil((edge + _SLACK_S) * fc.sample_rate)), bc.frame_pad_multiple * 16)
     return t, s
 
 
@@ -411,7 +416,7 @@ class AsrLoader:
 def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: FeatureConfig,
                 batch_config: BatchConfig = BatchConfig(), *, seed: int = 0, shuffle: bool = True,
                 num_epochs: int | None = 1, worker_count: int = 0, worker_buffer_size: int = 2,
-                shard_index: int = 0, shard_count: int = 1,
+                shard_index: int = 0, shard_count: int = 1, shard_options: grain.ShardOptions | None = None,
                 augment: Callable[[np.ndarray, int, np.random.Generator], np.ndarray] | None = None,
                 label_fn: Callable[[str], Sequence[int]] | None = None,
                 cmvn: CmvnStats | None = None) -> AsrLoader:
@@ -424,10 +429,13 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
     (B, T, N) is one of `loader.bucket_shapes`. Each epoch yields every utterance exactly once (across all shards).
     `augment(audio, sample_rate, rng)` (e.g. jasr.augment.AudioAugment) runs host-side with a per-batch
     deterministic rng; `label_fn(text)` overrides `tokenizer.encode`. Multi-host: pass
-    shard_index=jax.process_index(), shard_count=jax.process_count() (a grain ShardOptions is built from them).
+    shard_index=jax.process_index(), shard_count=jax.process_count(), or shard_options=grain.ShardByJaxProcess()
+    (a grain ShardOptions; its drop_remainder is irrelevant: epochs are padded to a multiple of shard_count).
     """
     if not utterances:
         raise ValueError("make_loader: no utterances")
+    if shard_options is not None:
+        shard_index, shard_count = shard_options.shard_index, shard_options.shard_count
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
     if num_epochs is not None and num_epochs <= 0:
@@ -476,7 +484,7 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
         dropped += bad
         keep &= ~too_long
     # labels must fit the frames (after subsampling) of the shortest version of the audio
-    fit_frames = np.array([_frames_for(d, fc) for d in shortest]) // bc.subsampling
+    fit_frames = np.array([_frames_for(d, fc, upper=False) for d in shortest]) // bc.subsampling
     lab_len = np.array([len(l) for l in labels])
     unfit = keep & (lab_len > fit_frames)
     if unfit.any():

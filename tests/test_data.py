@@ -225,6 +225,19 @@ def test_multi_host_shards_partition_each_epoch(small, tok):
             assert (b["features"].shape[0], b["features"].shape[1], b["labels"].shape[1]) in ld.bucket_shapes
             ids += [i for i in b["ids"] if i]
     assert sorted(ids) == sorted(u.id for u in small)
+    import grain.python as grain
+    via_options = make_loader(small, tok, FC, BC, seed=7, num_epochs=1,
+                              shard_options=grain.ShardOptions(shard_index=1, shard_count=3))
+    _assert_same(_collect(iter(via_options)), _collect(iter(shards[1])))
+
+
+def test_wrong_manifest_duration_is_reported(small, tok):
+    import dataclasses
+    lying = [dataclasses.replace(u, duration=0.09) if i == 0 else u for i, u in enumerate(small)]
+    loader = make_loader(lying, tok, FC, dataclass_replace(BC, bucket_boundaries=(0.1, 2.0)), seed=0,
+                         shuffle=False)
+    with pytest.raises(Exception, match=f"{small[0].id}.*manifest duration"):
+        _collect(iter(loader))
 
 
 def test_label_buckets_audio_output_and_whisper(small, tok):
