@@ -1,0 +1,380 @@
+"""Host-side structure ops: each preserves (or transforms as specified) the weighted language computed by the
+brute-force oracle on hypothesis-drawn FSAs; k2's documented examples give k2's outputs."""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(__file__))
+from fsa_oracle import (_is_acyclic, enumerate_paths, languages_close, random_fsas,  # noqa: E402
+                        weighted_language)
+
+from fsa_ops.connect import accessible_states, coaccessible_states, connect  # noqa: E402
+from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec, to_str  # noqa: E402
+from fsa_ops.graphs import ctc_graph, ctc_topo, linear_fsa  # noqa: E402
+from fsa_ops.intersect import compose, intersect  # noqa: E402
+from fsa_ops.properties import (ARC_SORTED, TOPSORTED, get_properties, is_acyclic, is_connected,  # noqa: E402
+                                is_deterministic, properties_to_str)
+from fsa_ops.sort import arc_sort, top_sort  # noqa: E402
+from fsa_ops.unary import (add_epsilon_self_loops, closure, invert, project,  # noqa: E402
+                           remove_epsilon_self_loops, union)
+
+SETTINGS = settings(max_examples=30, deadline=None)
+BOUND = dict(max_labels=3, max_arcs=12)
+
+
+def lang(f, log=True, key="labels", **kw):
+    return weighted_language(f, log_semiring=log, key=key, **(kw or BOUND))
+
+
+def assert_same_language(a, b, log=True, key="labels", **kw):
+    ok, msg = languages_close(lang(a, log, key, **kw), lang(b, log, key, **kw))
+    assert ok, msg
+
+
+def permute_states(f, perm_seed):
+    """Relabel the middle states of f with a random permutation (start and final stay)."""
+    ns = int(f.num_states)
+    rng = np.random.default_rng(perm_seed)
+    mid = rng.permutation(np.arange(1, ns - 1)) if ns > 2 else np.zeros(0, int)
+    new = np.concatenate([[0], mid, [ns - 1]]) if ns > 1 else np.array([0])
+    return Fsa.from_arcs(new[f.src], new[f.dst], f.label, f.score, num_states=ns, attrs=f.attrs)
+
+
+# ------------------------------------------------------------------ arc_sort / top_sort / connect
+@SETTINGS
+@given(random_fsas(acyclic=False, aux_labels=True, max_states=5, max_arcs=10))
+def test_arc_sort(f):
+    g, amap = arc_sort(f, ret_arc_map=True)
+    check_fsa(g)
+    assert get_properties(g) & ARC_SORTED
+    np.testing.assert_array_equal(g.label, f.label[amap])
+    np.testing.assert_array_equal(g.aux_labels, f.aux_labels[amap])
+    np.testing.assert_array_equal(g.src, f.src[amap])
+    for s in range(int(g.num_states)):  # within a state: by unsigned label then dst
+        lab = g.label[g.src == s].astype(np.int64) & 0xFFFFFFFF
+        key = list(zip(lab.tolist(), g.dst[g.src == s].tolist()))
+        assert key == sorted(key)
+    assert_same_language(f, g, key="both")
+    # batch
+    v = arc_sort(create_fsa_vec([f, f]))
+    assert to_str(v[1]) == to_str(g)
+
+
+def test_top_sort_k2_example():
+    # k2/csrc/top_sort_test.cu: expected arc_map {0, 1, 3, 4, 2}
+    f = Fsa.from_str("0 1 1 1\n0 2 2 2\n1 3 -1 13\n2 1 1 21\n2 3 -1 23\n3\n")
+    g, amap = top_sort(f, ret_arc_map=True)
+    assert to_str(g) == "0 2 1 1\n0 1 2 2\n1 2 1 21\n1 3 -1 23\n2 3 -1 13\n3\n"
+    assert amap.tolist() == [0, 1, 3, 4, 2]
+    with pytest.raises(ValueError, match="cycles"):
+        top_sort(Fsa.from_str("0 1 1 0\n1 2 2 0\n2 1 3 0\n2 3 -1 0\n3\n"))
+    # self-loops are fine
+    h = top_sort(Fsa.from_str("0 2 1 0\n1 1 5 0\n1 3 -1 0\n2 1 2 0\n2 2 3 0\n3\n"))
+    assert get_properties(h) & TOPSORTED
+
+
+@SETTINGS
+@given(random_fsas(acyclic=True, aux_labels=True, max_states=6, max_arcs=10), st.integers(0, 1000))
+def test_top_sort_language(f, seed):
+    p = permute_states(f, seed)
+    g, amap = top_sort(p, ret_arc_map=True)
+    check_fsa(g)
+    assert np.all(g.dst > g.src)
+    np.testing.assert_array_equal(g.label, p.label[amap])
+    np.testing.assert_array_equal(g.score, p.score[amap])
+    assert_same_language(f, g, key="both")
+
+
+def test_connect_k2_example():
+    # k2/csrc/connect_test.cu input: states 2, 3 lead to 1 -> final; 4 and 5 are dead/unreachable
+    f = Fsa.from_str("0 2 1 1\n0 3 3 3\n1 4 5 5\n1 6 -1 0\n2 1 2 2\n3 1 4 4\n5 3 6 6\n6\n")
+    g, amap = connect(f, ret_arc_map=True)
+    assert to_str(g) == "0 2 1 1\n0 3 3 3\n1 4 -1 0\n2 1 2 2\n3 1 4 4\n4\n"
+    assert amap.tolist() == [0, 1, 3, 4, 5]
+    e = connect(Fsa.from_str("0 1 1 0\n2 3 -1 0\n3\n"))
+    assert int(e.num_states) == 0 and len(e.label) == 0
+
+
+@SETTINGS
+@given(random_fsas(acyclic=False, aux_labels=True, max_states=6, max_arcs=10, ensure_path=False))
+def test_connect_language(f):
+    g = connect(f)
+    check_fsa(g)
+    ns = int(f.num_states)
+    # brute-force accessibility
+    acc = {0}
+    changed = True
+    while changed:
+        changed = False
+        for a, d in zip(f.src.tolist(), f.dst.tolist()):
+            if a in acc and d not in acc:
+                acc.add(d)
+                changed = True
+    coacc = {ns - 1}
+    changed = True
+    while changed:
+        changed = False
+        for a, d in zip(f.src.tolist(), f.dst.tolist()):
+            if d in coacc and a not in coacc:
+                coacc.add(a)
+                changed = True
+    keep = acc & coacc
+    expected_states = len(keep) if (0 in keep and ns - 1 in keep) else 0
+    assert int(g.num_states) == expected_states
+    if expected_states:
+        assert is_connected(g)
+        assert accessible_states(g).all() and coaccessible_states(g).all()
+    assert_same_language(f, g, key="both")
+
+
+# ------------------------------------------------------------------ unary
+@SETTINGS
+@given(random_fsas(acyclic=False, aux_labels=True, max_states=5, max_arcs=6))
+def test_invert_and_project(f):
+    g = invert(f)
+    check_fsa(g)
+    # same paths arc for arc: bound both by f's input labels (g's aux_labels)
+    lf = weighted_language(f, key="both", max_labels=3, max_arcs=12)
+    lg = weighted_language(g, key="both", max_labels=3, max_arcs=12, count_attr="aux_labels")
+    ok, msg = languages_close({(k[1], k[0]): v for k, v in lf.items()}, lg)
+    assert ok, msg
+    np.testing.assert_array_equal(invert(g).label, f.label)
+    pi = project(f, project_input=True)
+    assert "aux_labels" not in pi.attrs
+    ok, msg = languages_close(lang(pi), lang(f))
+    assert ok, msg
+    po = project(f, project_input=False)
+    check_fsa(po)
+    ok, msg = languages_close(weighted_language(po, max_arcs=6), weighted_language(f, key="aux_labels",
+                                                                                      max_arcs=6))
+    assert ok, msg
+    la = lf
+    assert la  # f has at least one path (ensure_path)
+    with pytest.raises(ValueError, match="aux_labels"):
+        invert(pi)
+
+
+@SETTINGS
+@given(random_fsas(acyclic=True, aux_labels=True, max_states=5, max_arcs=8))
+def test_epsilon_self_loops(f):
+    g = add_epsilon_self_loops(f)
+    check_fsa(g)
+    ns = int(f.num_states)
+    for s in range(ns - 1):
+        first = np.nonzero(g.src == s)[0][0]
+        assert g.label[first] == 0 and g.dst[first] == s and g.score[first] == 0 and g.aux_labels[first] == 0
+    assert len(g.label) == len(f.label) + ns - 1
+    # tropical language unchanged (score-0 loops), with a bound on arcs because of the loops
+    ok, msg = languages_close(weighted_language(f, False, key="both"),
+                              weighted_language(g, False, key="both", max_arcs=2 * ns + 2))
+    assert ok, msg
+    h = remove_epsilon_self_loops(g)
+    no_eps_loops = ~((f.label == 0) & (f.src == f.dst))
+    np.testing.assert_array_equal(h.label, f.label[no_eps_loops])
+    np.testing.assert_array_equal(h.aux_labels, f.aux_labels[no_eps_loops])
+
+
+@SETTINGS
+@given(st.lists(random_fsas(acyclic=False, aux_labels=True, max_states=4, max_arcs=6), min_size=1, max_size=3))
+def test_union(fs):
+    u = union(create_fsa_vec(fs))
+    check_fsa(u)
+    expected = {}
+    for f in fs:
+        for k, v in lang(f, key="both").items():
+            expected[k] = np.logaddexp(expected.get(k, -math.inf), v)
+    ok, msg = languages_close(lang(u, key="both", max_labels=3, max_arcs=13), expected)
+    assert ok, msg
+
+
+def test_union_k2_example():
+    # k2 union: new start state with epsilon arcs to each FSA, one shared final state
+    a = Fsa.from_str("0 1 1 0.1\n1 2 -1 0.2\n2\n")
+    b = Fsa.from_str("0 1 2 0.3\n1 2 3 0.4\n2 3 -1 0.5\n3\n")
+    u = union(create_fsa_vec([a, b]))
+    assert to_str(u) == ("0 1 0 0\n0 3 0 0\n1 2 1 0.1\n2 6 -1 0.2\n3 4 2 0.3\n4 5 3 0.4\n5 6 -1 0.5\n6\n")
+
+
+@SETTINGS
+@given(random_fsas(acyclic=False, epsilons=False, aux_labels=True, max_states=4, max_arcs=6))
+def test_closure(f):
+    L = lang(f, max_labels=3, max_arcs=20)
+    assume(() not in L)  # the empty word would make an epsilon cycle in the closure
+    if np.any(f.dst == 0):
+        with pytest.raises(ValueError, match="start state"):
+            closure(f)
+        f = Fsa.from_arcs(f.src, np.where(f.dst == 0, 1, f.dst), np.where(f.dst == 0, 1, f.label), f.score,
+                          num_states=int(f.num_states), attrs=f.attrs) if int(f.num_states) > 2 else f
+        assume(not np.any(f.dst == 0))
+        L = lang(f, max_labels=3, max_arcs=20)
+        assume(() not in L)
+    c = closure(f)
+    check_fsa(c)
+    # expected: C(()) = 0; C(w) = logsum over factorizations into non-empty words of L
+    n = 3
+    C = {(): 0.0}
+    frontier = {(): 0.0}
+    for _ in range(n):
+        nxt = {}
+        for w, s in frontier.items():
+            for u, t in L.items():
+                if len(w) + len(u) <= n:
+                    nxt[w + u] = np.logaddexp(nxt.get(w + u, -math.inf), s + t)
+        for w, s in nxt.items():
+            C[w] = np.logaddexp(C.get(w, -math.inf), s)
+        frontier = nxt
+    got = weighted_language(c, max_labels=n, max_arcs=30)
+    ok, msg = languages_close(got, C)
+    assert ok, msg + "\n" + to_str(f) + "\n" + to_str(c)
+    fin = int(c.num_states) - 1
+    assert np.all(c.aux_labels[c.dst == fin] == -1) and np.all(c.aux_labels[c.dst != fin] != -1)
+
+
+# ------------------------------------------------------------------ intersect / compose
+def raw_language(f, log=True, max_arcs=10):
+    out = {}
+    for p in enumerate_paths(f, max_arcs=max_arcs):
+        k = tuple(x for x in p.labels if x != -1)
+        out[k] = np.logaddexp(out.get(k, -math.inf), p.score) if log else max(out.get(k, -math.inf), p.score)
+    return out
+
+
+def product(la, lb):
+    return {k: la[k] + lb[k] for k in set(la) & set(lb)}
+
+
+@SETTINGS
+@given(random_fsas(acyclic=False, max_states=4, max_arcs=8, num_labels=2),
+       random_fsas(acyclic=False, max_states=4, max_arcs=8, num_labels=2, epsilons=False), st.booleans())
+def test_intersect_log_one_side_epsilons(a, b, swap):
+    if swap:
+        a, b = b, a
+    a, b = arc_sort(a), arc_sort(b)
+    c = intersect(a, b)
+    check_fsa(c)
+    ok, msg = languages_close(lang(c), product(lang(a), lang(b)))
+    assert ok, msg
+
+
+@SETTINGS
+@given(random_fsas(acyclic=True, max_states=5, max_arcs=8, num_labels=2),
+       random_fsas(acyclic=True, max_states=5, max_arcs=8, num_labels=2))
+def test_intersect_tropical_and_epsilon_as_symbol(a, b):
+    a, b = arc_sort(a), arc_sort(b)
+    c = intersect(a, b)
+    ok, msg = languages_close(lang(c, log=False), product(lang(a, log=False), lang(b, log=False)))
+    assert ok, msg
+    d, ma, mb = intersect(a, b, treat_epsilons_specially=False, ret_arc_maps=True)
+    ok, msg = languages_close(raw_language(d), product(raw_language(a), raw_language(b)))
+    assert ok, msg
+    if len(d.label):
+        np.testing.assert_allclose(d.score, a.score[ma] + b.score[mb], rtol=1e-6)
+
+
+def test_intersect_attributes_and_errors():
+    a = Fsa.from_str("0 1 2 0.5\n1 2 -1 0\n2\n").replace(w=np.array([1.0, 2.0], np.float32),
+                                                        ia=np.array([7, 8], np.int32))
+    b = Fsa.from_str("0 0 0 0.25\n0 1 2 1\n1 2 -1 0\n2\n").replace(w=np.array([10., 20., 30.], np.float32),
+                                                                  ia=np.array([1, 2, 3], np.int32),
+                                                                  ib=np.array([4, 5, 6], np.int32))
+    c, ma, mb = intersect(a, b, ret_arc_maps=True)
+    assert to_str(c.replace(ia=None, ib=None)) == "0 1 2 1.5\n0 0 0 0.25\n1 2 -1 0\n2\n"
+    assert ma.tolist() == [0, -1, 1] and mb.tolist() == [1, 0, 2]
+    np.testing.assert_allclose(c.attrs["w"], [21.0, 10.0, 32.0])  # float on both sides: summed
+    assert "ia" not in c.attrs  # int on both sides: dropped (k2)
+    assert c.attrs["ib"].tolist() == [5, 4, 6]
+    with pytest.raises(ValueError, match="not arc-sorted"):
+        intersect(Fsa.from_str("0 1 2 0\n0 1 1 0\n1 2 -1 0\n2\n"), b)
+    e = intersect(a, arc_sort(linear_fsa([3])))
+    assert int(e.num_states) == 0
+    v = intersect(create_fsa_vec([a, a]), b)
+    assert len(v) == 2 and to_str(v[1].replace(ia=None, ib=None)) == to_str(c.replace(ia=None, ib=None))
+
+
+def relation(f, log=True, **kw):
+    return weighted_language(f, log_semiring=log, key="both", **kw)
+
+
+def compose_relation(ra, rb, log=True):
+    out = {}
+    for (x, y), s in ra.items():
+        for (y2, z), t in rb.items():
+            if y == y2:
+                v = s + t
+                out[(x, z)] = np.logaddexp(out.get((x, z), -math.inf), v) if log else max(out.get((x, z),
+                                                                                               -math.inf), v)
+    return out
+
+
+@SETTINGS
+@given(random_fsas(acyclic=True, aux_labels=True, max_states=5, max_arcs=8, num_labels=2),
+       random_fsas(acyclic=True, aux_labels=True, max_states=5, max_arcs=8, num_labels=2, epsilons=False),
+       random_fsas(acyclic=True, aux_labels=True, max_states=5, max_arcs=8, num_labels=2))
+def test_compose(a, b_noeps, b_eps):
+    b = arc_sort(b_noeps)
+    c = compose(a, b)
+    check_fsa(c)
+    ok, msg = languages_close(relation(c), compose_relation(relation(a), relation(b)))
+    assert ok, msg
+    b2 = arc_sort(b_eps)  # epsilons on both sides: equivalent in the tropical semiring (as k2)
+    c2 = compose(a, b2, inner_labels="inner")
+    ok, msg = languages_close(relation(c2, False), compose_relation(relation(a, False), relation(b2, False),
+                                                                    False))
+    assert ok, msg
+    assert "inner" in c2.attrs
+    # acceptor b: output labels are the matched labels
+    c3 = compose(a, arc_sort(project(b_noeps)))
+    ra = relation(a)
+    lb = lang(project(b_noeps))
+    exp = {}
+    for (x, y), s in ra.items():
+        if y in lb:
+            exp[(x, y)] = np.logaddexp(exp.get((x, y), -math.inf), s + lb[y])
+    ok, msg = languages_close(relation(c3), exp)
+    assert ok, msg
+
+
+@pytest.mark.parametrize("sym, modified", [([1, 2, 2], False), ([1, 2, 2], True), ([2, 1], False)])
+def test_compose_ctc_topo_with_transcript_is_ctc_graph(sym, modified):
+    # k2 (ctc_topo_test.py): compose(ctc_topo, linear_fsa(transcript)) is the CTC graph of the transcript
+    g = connect(compose(ctc_topo(2, modified=modified), arc_sort(linear_fsa(sym))))
+    ref = ctc_graph(sym, modified=modified)
+
+    def rel(f):
+        out = {}
+        for p in enumerate_paths(f, max_arcs=7):
+            k = (p.labels[:-1], tuple(x for x in p.attrs["aux_labels"] if x not in (0, -1)))
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    assert rel(g) == rel(ref)
+
+
+# ------------------------------------------------------------------ properties
+def test_properties_str():
+    f = Fsa.from_str("0 1 1 1\n0 2 2 2\n1 3 -1 13\n2 1 1 21\n2 3 -1 23\n3\n")
+    assert f.properties_str == ("Valid|Nonempty|ArcSorted|ArcSortedAndDeterministic|EpsilonFree|"
+                                "MaybeAccessible|MaybeCoaccessible")
+    g = top_sort(f)
+    assert "TopSortedAndAcyclic" in properties_to_str(get_properties(g))
+    h = Fsa.from_str("0 1 2 0\n0 1 0 0\n0 2 -1 0\n1 2 -1 0\n2\n")
+    assert properties_to_str(get_properties(h)).split("|") == ["Valid", "Nonempty", "TopSorted",
+                                                               "TopSortedAndAcyclic", "MaybeAccessible",
+                                                               "MaybeCoaccessible"]
+
+
+@SETTINGS
+@given(random_fsas(acyclic=False, max_states=5, max_arcs=8, ensure_path=False))
+def test_properties_vs_brute_force(f):
+    p = get_properties(f)
+    ns = int(f.num_states)
+    assert is_acyclic(f) == (_is_acyclic(ns, f.src.tolist(), f.dst.tolist()) and not np.any(f.src == f.dst))
+    pairs = list(zip(f.src.tolist(), f.label.tolist()))
+    assert is_deterministic(f) == (len(set(pairs)) == len(pairs))
+    assert bool(p & TOPSORTED) == all(d >= s for s, d in zip(f.src.tolist(), f.dst.tolist()))
+    assert bool(arc_sort(f).properties & ARC_SORTED)
