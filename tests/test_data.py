@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from jasr.audio import load_audio
 from jasr.augment import AudioAugment
@@ -196,20 +197,23 @@ def test_shuffling_is_seeded_and_epochs_differ(small, tok):
     assert unshuffled == [tuple(b["ids"]) for b in iter(make_loader(small, tok, FC, BC, seed=9, shuffle=False))]
 
 
-def test_plan_epoch_properties():
-    rng = np.random.default_rng(0)
-    bucket_of = rng.integers(-1, 4, size=200)      # -1: dropped utterances
-    sizes = [7, 5, 3, 2]
-    for shard_count in (1, 3):
-        plan = plan_epoch(bucket_of, sizes, seed=4, epoch=1, shuffle=True, shard_count=shard_count)
-        assert len(plan) % shard_count == 0
-        got = np.sort(np.concatenate([idx for _, idx in plan]))
-        np.testing.assert_array_equal(got, np.flatnonzero(bucket_of >= 0))
-        for b, idx in plan:
-            assert len(idx) <= sizes[b] and np.all(bucket_of[idx] == b)
-    p0 = plan_epoch(bucket_of, sizes, seed=4, epoch=0, shuffle=True)
-    p1 = plan_epoch(bucket_of, sizes, seed=4, epoch=1, shuffle=True)
-    assert len(p0) == len(p1) and any(not np.array_equal(x[1], y[1]) for x, y in zip(p0, p1))
+@settings(max_examples=60, deadline=None)
+@given(bucket_of=st.lists(st.integers(-1, 3), min_size=1, max_size=120),
+       sizes=st.lists(st.integers(1, 9), min_size=4, max_size=4), seed=st.integers(0, 2 ** 32 - 1),
+       epoch=st.integers(0, 50), shuffle=st.booleans(), shard_count=st.integers(1, 4))
+def test_plan_epoch_properties(bucket_of, sizes, seed, epoch, shuffle, shard_count):
+    bucket_of = np.asarray(bucket_of)                  # -1: dropped utterances
+    plan = plan_epoch(bucket_of, sizes, seed=seed, epoch=epoch, shuffle=shuffle, shard_count=shard_count)
+    assert len(plan) % shard_count == 0
+    # the number of batches does not depend on the seed or epoch (so a global index maps to one epoch)
+    other = plan_epoch(bucket_of, sizes, seed=seed + 1, epoch=epoch + 1, shuffle=shuffle, shard_count=shard_count)
+    assert len(other) == len(plan)
+    got = np.sort(np.concatenate([idx for _, idx in plan] + [np.zeros(0, np.int64)]))
+    np.testing.assert_array_equal(got, np.flatnonzero(bucket_of >= 0))     # each kept utterance once
+    for b, idx in plan:
+        assert len(idx) <= sizes[b] and np.all(bucket_of[idx] == b)
+    again = plan_epoch(bucket_of, sizes, seed=seed, epoch=epoch, shuffle=shuffle, shard_count=shard_count)
+    assert all(x[0] == y[0] and np.array_equal(x[1], y[1]) for x, y in zip(plan, again))
 
 
 def test_multi_host_shards_partition_each_epoch(small, tok):
