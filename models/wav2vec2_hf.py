@@ -161,8 +161,11 @@ def params_from_hf_state_dict(state_dict: Mapping[str, np.ndarray], config: Wav2
             arr = np.asarray(fresh[path] if idx is None else fresh[path][idx], np.float32)
         else:
             raw = keys.take(found)
-            arr = to_flax(np.asarray(raw, np.float32))
-            if arr.shape != shape:
+            try:
+                arr = to_flax(np.asarray(raw, np.float32))
+            except ValueError:
+                arr = None
+            if arr is None or arr.shape != shape:
                 raise CheckpointKeyError(f"tensor {found!r} has shape {tuple(raw.shape)}, which does not fit the "
                                          f"model's {shape} (config mismatch?)")
         if idx is None:

@@ -99,6 +99,11 @@ def gumbel_quantize(logits: jax.Array, codebook: jax.Array, *, temperature: floa
     return codevectors.reshape(b, t, -1), perplexity
 
 
+def _gumbel_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Standard Gumbel noise for the quantizer (a module-level function so tests can share noise with torch)."""
+    return jax.random.gumbel(key, shape, jnp.float32)
+
+
 class GumbelVectorQuantizer(nn.Module):
     """``weight_proj`` (conv_dim[-1] -> G*V logits) and ``codevectors [1, G*V, codevector_dim / G]``."""
 
@@ -115,7 +120,7 @@ class GumbelVectorQuantizer(nn.Module):
         logits = logits.reshape(*logits.shape[:2], g, v)
         noise = None
         if not deterministic:
-            noise = jax.random.gumbel(self.make_rng("gumbel"), logits.shape, jnp.float32)
+            noise = _gumbel_noise(self.make_rng("gumbel"), logits.shape)
         return gumbel_quantize(logits, codebook[0], temperature=temperature, gumbel_noise=noise,
                                mask=mask_time_indices)
 
