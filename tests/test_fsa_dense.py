@@ -14,7 +14,8 @@ from fsa_ops.dense import DenseFsaVec, dense_tot_scores, intersect_dense
 from fsa_ops.fsa import Fsa, create_fsa_vec
 from fsa_ops.graph_ctc import ctc_loss
 from fsa_ops.graphs import ctc_graph, ctc_topo
-from fsa_ops.scores import get_tot_scores
+from fsa_ops.pruned import intersect_dense_pruned
+from fsa_ops.scores import get_forward_scores, get_tot_scores
 from fsa_ops.shortest_path import shortest_path
 
 B, N, T, C = 3, 2, 4, 5
@@ -253,3 +254,78 @@ def test_a_to_b_map_and_finite_differences():
         d[n, t, c] = eps
         fd = (f(gj.score, lp + d) - f(gj.score, lp - d)) / (2 * eps)
         assert abs(float(fd) - float(gx[n, t, c])) < 5e-3, ((n, t, c), float(fd), float(gx[n, t, c]))
+
+
+# ------------------------------------------------------------------ intersect_dense_pruned
+def _greedy_k1(graph, lp, seg):
+    """Reference beam search with one active state (max_active_states=1): plain Python."""
+    n, start, dur = (int(x) for x in seg)
+    f = graph.to_numpy()
+    na = int(f.num_arcs)
+    state, score = 0, 0.0
+    for t in range(dur + 1):
+        cand = {}
+        for a in range(na):
+            if f.src[a] != state:
+                continue
+            lab = int(f.label[a])
+            if (t < dur) != (lab >= 0):
+                continue
+            s = score + float(f.score[a]) + (float(lp[n, start + t, lab]) if lab >= 0 else 0.0)
+            cand[int(f.dst[a])] = max(cand.get(int(f.dst[a]), -math.inf), s)
+        if not cand:
+            return -math.inf
+        state, score = max(cand.items(), key=lambda x: x[1])
+    return score
+
+
+@SETTINGS
+@given(graphs, dense_inputs())
+def test_pruned_wide_beam_equals_intersect_dense_and_k1_is_greedy(graph, dense):
+    lp, segs = dense
+    dv = DenseFsaVec(lp, segs)
+    wide = intersect_dense_pruned(graph, dv, search_beam=1e9, output_beam=1e9, min_active_states=0,
+                                  max_active_states=S_PAD, frame_idx_name="frame")
+    tot_log = get_tot_scores(wide)
+    tot_trop = get_tot_scores(wide, log_semiring=False)
+    ref_log = dense_tot_scores(graph, dv)
+    k1 = get_tot_scores(intersect_dense_pruned(graph, dv, search_beam=1e-3, output_beam=1e9,
+                                               min_active_states=1, max_active_states=1), log_semiring=False)
+    for b in range(B):
+        r_tot, r_best, _, _, _ = _brute(graph[b], lp, segs[b])
+        _close(tot_log[b], r_tot)
+        _close(ref_log[b], r_tot)
+        _close(tot_trop[b], r_best)
+        g1 = _greedy_k1(graph[b], lp, segs[b])
+        if math.isfinite(g1):
+            # ties between equally good states may be broken differently: compare scores only
+            assert float(k1[b]) <= r_best + 1e-4
+            _close(k1[b], g1)
+        else:
+            assert np.isneginf(float(k1[b]))
+
+
+def test_pruned_decodes_ctc_best_path_and_honours_min_active():
+    rng = np.random.default_rng(3)
+    Tn, Cn = 10, 5
+    lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, Tn, Cn)) * 3, jnp.float32))
+    segs = np.array([[0, 0, Tn], [1, 0, 7]], np.int32)
+    dv = DenseFsaVec(lp, segs)
+    topo = ctc_topo(Cn - 1)
+    lat = intersect_dense_pruned(topo, dv, search_beam=20, output_beam=8, min_active_states=2,
+                                 max_active_states=3)
+    best = shortest_path(lat).to_numpy()
+    # ctc_topo accepts every label sequence: the best path is the frame-wise argmax (greedy CTC)
+    am = np.asarray(jnp.argmax(lp, -1))
+    for b in range(2):
+        d = int(segs[b, 2])
+        np.testing.assert_array_equal(best[b].label[:-1], am[b, :d])
+        assert abs(float(np.sum(best[b].score)) - float(np.max(lp[b, :d], -1).sum())) < 1e-4
+    # a tiny search beam keeps only the best state per frame ... unless min_active_states asks more
+    fw = get_forward_scores(intersect_dense_pruned(topo, dv, 1e-6, 1e9, 2, 3), log_semiring=False)
+    fw1 = get_forward_scores(intersect_dense_pruned(topo, dv, 1e-6, 1e9, 1, 3), log_semiring=False)
+    per_frame = np.isfinite(np.asarray(fw)[:, :-1].reshape(2, Tn + 1, 3)).sum(-1)
+    per_frame1 = np.isfinite(np.asarray(fw1)[:, :-1].reshape(2, Tn + 1, 3)).sum(-1)
+    assert per_frame[0, 1:Tn].min() >= 2 and per_frame1[0, 1:Tn].max() <= 1
+    with pytest.raises(ValueError, match="min_active_states"):
+        intersect_dense_pruned(topo, dv, 10, 8, 5, 3)
