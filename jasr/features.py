@@ -4,7 +4,8 @@ Conventions: features are float32 `[frames, bins]` (Whisper: `[n_mels, frames]`,
 batched jnp versions take `audio [B, S]` + optax-style `audio_paddings [B, S]` (1.0 = padded) and return
 `features [B, T, F]` + `paddings [B, T]`.
 
-Kaldi fbank follows Kaldi's `compute-fbank-feats` (snip_edges=true): 25 ms / 10 ms frames, optional dither,
+Kaldi fbank follows Kaldi's `compute-fbank-feats`: 25 ms / 10 ms frames (snip_edges as Kaldi: true drops partial
+frames, false centres frames on multiples of the shift and reflects the signal at its ends), optional dither,
 DC removal, raw log-energy, pre-emphasis 0.97, povey window, zero-padding to a power of two, power spectrum,
 triangular mel banks on mel(f) = 1127 ln(1 + f / 700), natural log floored at float32 epsilon.
 Whisper log-mel follows openai-whisper / transformers' WhisperFeatureExtractor: 400-point periodic Hann STFT,
@@ -174,6 +175,7 @@ class FeatureConfig:
     high_freq: float = 0.0
     use_energy: bool = False
     energy_floor: float = 0.0
+    snip_edges: bool = True
     num_ceps: int = 13
     cepstral_lifter: float = 22.0
     whisper_pad_or_trim: bool = False   # True: pad/cut to 30 s (3000 frames), as WhisperFeatureExtractor
@@ -218,7 +220,32 @@ def num_frames(num_samples: int, config: FeatureConfig) -> int:
     if config.kind == "whisper":
         return WHISPER_CHUNK_SAMPLES // WHISPER_HOP if config.whisper_pad_or_trim else num_samples // WHISPER_HOP
     win, shift = config.window_length, config.window_shift
+    if not config.snip_edges:
+        return (num_samples + shift // 2) // shift
     return 0 if num_samples < win else 1 + (num_samples - win) // shift
+
+
+def _frame_indices(num_samples: int, config: FeatureConfig) -> np.ndarray:
+    """Sample index of every frame position -> int [T, window_length] (Kaldi's ExtractWindow, incl. reflection)."""
+    win, shift = config.window_length, config.window_shift
+    t = num_frames(num_samples, config)
+    start = np.arange(t)[:, None] * shift
+    if not config.snip_edges:
+        start = start + shift // 2 - win // 2
+    idx = start + np.arange(win)[None, :]
+    return _reflect(idx, num_samples)
+
+
+def _reflect(idx, n):
+    """Kaldi's edge reflection: s < 0 -> -s - 1, s >= n -> 2n - 1 - s (works for numpy and jnp arrays)."""
+    xp = np if isinstance(idx, np.ndarray) and isinstance(n, (int, np.integer)) else _jnp()
+    idx = xp.where(idx < 0, -idx - 1, idx)
+    return xp.where(idx >= n, 2 * n - 1 - idx, idx)
+
+
+def _jnp():
+    import jax.numpy as jnp
+    return jnp
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -239,7 +266,14 @@ def _kaldi_frames(audio: np.ndarray, config: FeatureConfig, rng: np.random.Gener
     t = num_frames(audio.shape[0], config)
     if t == 0:
         return np.zeros((0, config.padded_window)), np.zeros((0,))
-    frames = np.lib.stride_tricks.sliding_window_view(audio, win)[::shift][:t].copy()
+    if config.snip_edges:
+        frames = np.lib.stride_tricks.sliding_window_view(audio, win)[::shift][:t].copy()
+    else:
+        idx = _frame_indices(audio.shape[0], config)
+        if idx.min() < 0 or idx.max() >= audio.shape[0]:
+            raise ValueError(f"snip_edges=False: {audio.shape[0]} samples are too few to reflect a "
+                             f"{win}-sample window at the edges")
+        frames = audio[idx]
     if config.dither != 0.0:
         if rng is None:
             raise ValueError("dither > 0 needs an explicit rng (np.random.Generator)")
@@ -549,8 +583,15 @@ def fbank_jax(audio, audio_paddings=None, config: FeatureConfig = FeatureConfig(
     win, shift = config.window_length, config.window_shift
     b, s = audio.shape
     t = num_frames(s, config)
-    idx = np.arange(t)[:, None] * shift + np.arange(win)[None, :]
-    frames = audio[:, idx]                                                  # [B, T, win]
+    lengths = _lengths_from_paddings(audio, audio_paddings)
+    if config.snip_edges:
+        idx = np.arange(t)[:, None] * shift + np.arange(win)[None, :]
+        frames = audio[:, idx]                                              # [B, T, win]
+    else:   # reflect at each row's own end
+        raw = (np.arange(t)[:, None] * shift + shift // 2 - win // 2 + np.arange(win)[None, :])
+        idx = _reflect(jnp.asarray(raw)[None], lengths[:, None, None])      # [B, T, win]
+        frames = jnp.take_along_axis(audio[:, None, :], jnp.clip(idx, 0, s - 1).reshape(b, 1, -1),
+                                     axis=2).reshape(b, t, win)
     if config.remove_dc_offset:
         frames = frames - frames.mean(axis=-1, keepdims=True)
     log_energy = jnp.log(jnp.maximum(jnp.sum(frames * frames, axis=-1), _F32_EPS))
@@ -576,8 +617,10 @@ def fbank_jax(audio, audio_paddings=None, config: FeatureConfig = FeatureConfig(
         feats = jnp.concatenate([log_energy[..., None], logmel], axis=-1)
     else:
         feats = logmel
-    lengths = _lengths_from_paddings(audio, audio_paddings)
-    n_valid = jnp.where(lengths >= win, 1 + (lengths - win) // shift, 0)
+    if config.snip_edges:
+        n_valid = jnp.where(lengths >= win, 1 + (lengths - win) // shift, 0)
+    else:
+        n_valid = (lengths + shift // 2) // shift
     paddings = (jnp.arange(t)[None, :] >= n_valid[:, None]).astype(jnp.float32)
     return feats * (1.0 - paddings)[..., None], paddings
 
