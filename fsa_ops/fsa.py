@@ -375,8 +375,11 @@ def create_fsa_vec(fsas: Sequence[Fsa], pad_arcs_to: Optional[int] = None,
     score = np.full((B, A), -np.inf, np.float32)
     attrs = {}
     for k in names:
-        v0 = np.asarray(flat[0].attrs[k])
-        attrs[k] = np.zeros((B, A) + v0.shape[1:], v0.dtype)
+        vs = [np.asarray(f.attrs[k]) for f in flat]
+        if len({v.ndim for v in vs}) != 1:
+            raise ValueError(f"attribute {k!r} has different numbers of dimensions across the FSAs")
+        trail = tuple(np.max([v.shape[1:] for v in vs], axis=0).tolist()) if vs[0].ndim > 1 else ()
+        attrs[k] = np.zeros((B, A) + trail, vs[0].dtype)  # trailing dims (ragged as padded) pad with 0
     for b, f in enumerate(flat):
         n = na[b]
         src[b, :n] = np.asarray(f.src)
@@ -384,7 +387,8 @@ def create_fsa_vec(fsas: Sequence[Fsa], pad_arcs_to: Optional[int] = None,
         label[b, :n] = np.asarray(f.label)
         score[b, :n] = np.asarray(f.score)
         for k in names:
-            attrs[k][b, :n] = np.asarray(f.attrs[k])
+            v = np.asarray(f.attrs[k])
+            attrs[k][(b, slice(0, n)) + tuple(slice(0, d) for d in v.shape[1:])] = v
     return Fsa(src, dst, label, score, ns, na, attrs, max_states=S)
 
 

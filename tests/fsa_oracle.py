@@ -17,7 +17,7 @@ API (single FSAs; for a batch, apply per `fsavec[i]`):
 - `best_path(fsa, **bounds) -> Path or None`: the highest-scoring path (first found on ties).
 - `weighted_language(fsa, log_semiring=True, key='labels', **bounds) -> dict`: label sequence -> combined score,
   epsilons (0) and the final -1 removed. key: 'labels', 'aux_labels' (or any attribute name), or 'both'
-  (pairs (labels_seq, aux_seq)).
+  (pairs (labels_seq, aux_seq)). A 2-D attribute (ragged values per arc, 0-padded) is flattened.
 - `languages_close(a, b, atol=1e-4, rtol=1e-4) -> (bool, message)`: compares two weighted languages (same keys,
   close scores).
 - Strategies: `random_fsas(min_states=2, max_states=5, max_arcs=10, num_labels=4, acyclic=True, epsilons=True,
@@ -134,7 +134,11 @@ def best_path(fsa: Fsa, **bounds):
 
 
 def _strip(seq):
-    return tuple(x for x in seq if x not in (0, -1))
+    """Drop 0 and -1; per-arc rows of a 2-D (ragged, 0-padded) attribute are flattened."""
+    out = []
+    for x in seq:
+        out.extend(x if isinstance(x, list) else [x])
+    return tuple(x for x in out if x not in (0, -1))
 
 
 def path_key(p: Path, key="labels"):

@@ -19,6 +19,8 @@ from fsa_ops.graphs import ctc_graph, ctc_topo, linear_fsa  # noqa: E402
 from fsa_ops.intersect import compose, intersect  # noqa: E402
 from fsa_ops.properties import (ARC_SORTED, TOPSORTED, get_properties, is_acyclic, is_connected,  # noqa: E402
                                 is_deterministic, properties_to_str)
+from fsa_ops.determinize import determinize  # noqa: E402
+from fsa_ops.remove_epsilon import remove_epsilon  # noqa: E402
 from fsa_ops.sort import arc_sort, top_sort  # noqa: E402
 from fsa_ops.unary import (add_epsilon_self_loops, closure, invert, project,  # noqa: E402
                            remove_epsilon_self_loops, union)
@@ -378,3 +380,75 @@ def test_properties_vs_brute_force(f):
     assert is_deterministic(f) == (len(set(pairs)) == len(pairs))
     assert bool(p & TOPSORTED) == all(d >= s for s, d in zip(f.src.tolist(), f.dst.tolist()))
     assert bool(arc_sort(f).properties & ARC_SORTED)
+
+
+# ------------------------------------------------------------------ remove_epsilon / determinize
+@SETTINGS
+@given(random_fsas(acyclic=False, aux_labels=True, max_states=5, max_arcs=9, num_labels=3))
+def test_remove_epsilon(f):
+    g = remove_epsilon(f)
+    check_fsa(g)
+    assert not np.any(g.label == 0)
+    # no arc bound: removing epsilons shortens paths (no epsilon cycles here, so labels bound the paths)
+    nb = dict(max_labels=3, max_arcs=40)
+    ok, msg = languages_close(lang(g, log=False, **nb), lang(f, log=False, **nb))  # tropical, by labels (k2)
+    assert ok, msg
+    h = remove_epsilon(f, log_semiring=True)
+    check_fsa(h)
+    assert not np.any(h.label == 0)
+    ok, msg = languages_close(lang(h, key="both", **nb), lang(f, key="both", **nb))  # log: whole relation
+    assert ok, msg
+    if h.aux_labels.ndim == 1:
+        fin = int(h.num_states) - 1
+        assert np.all(h.aux_labels[h.dst == fin] == -1)
+
+
+def test_remove_epsilon_examples_and_errors():
+    f = Fsa.from_str("0 1 0 5 1\n0 1 1 6 2\n1 2 0 7 3\n1 3 2 8 4\n2 3 3 9 5\n3 4 -1 -1 0\n4\n", acceptor=False)
+    g = remove_epsilon(f)
+    assert g.label.tolist() == [1, 2, 3, 2, 3, -1]
+    np.testing.assert_allclose(g.score, [2, 5, 9, 4, 8, 0])
+    # aux_labels concatenated along the epsilon paths (k2's ragged aux_labels, here 0-padded)
+    assert g.aux_labels.tolist() == [[6, 0, 0], [5, 8, 0], [5, 7, 9], [8, 0, 0], [7, 9, 0], [0, 0, 0]]
+    with pytest.raises(ValueError, match="positive score"):
+        remove_epsilon(Fsa.from_str("0 1 0 1\n1 0 0 1\n1 2 -1 0\n2\n"))
+    # epsilon cycle with score <= 0 is fine in the tropical semiring
+    c = remove_epsilon(Fsa.from_str("0 1 0 -1\n1 0 0 -1\n1 2 3 0\n2 3 -1 0\n3\n"))
+    ok, msg = languages_close(weighted_language(c, False), {(3,): -1.0})
+    assert ok, msg
+    with pytest.raises(ValueError, match="epsilon cycles"):
+        remove_epsilon(Fsa.from_str("0 1 0 -1\n1 0 0 -1\n1 2 3 0\n2 3 -1 0\n3\n"), log_semiring=True)
+    v = remove_epsilon(create_fsa_vec([f, f]))
+    assert v.aux_labels.shape[0] == 2 and v.aux_labels.ndim == 3
+
+
+@SETTINGS
+@given(random_fsas(acyclic=True, epsilons=False, max_states=6, max_arcs=12, num_labels=2), st.booleans())
+def test_determinize_acyclic(f, log):
+    d = determinize(f, log_semiring=log)
+    check_fsa(d)
+    assert is_deterministic(d) and get_properties(d) & ARC_SORTED
+    ok, msg = languages_close(lang(d, log=log), lang(f, log=log))
+    assert ok, msg
+
+
+@SETTINGS
+@given(random_fsas(acyclic=False, epsilons=False, max_states=5, max_arcs=10, num_labels=2,
+                   score_range=(0.0, 0.0)))
+def test_determinize_cyclic_tropical(f):
+    d = determinize(f)
+    assert is_deterministic(d)
+    ok, msg = languages_close(lang(d, log=False, max_labels=4, max_arcs=20),
+                              lang(f, log=False, max_labels=4, max_arcs=20))
+    assert ok, msg
+
+
+def test_determinize_errors():
+    with pytest.raises(ValueError, match="epsilon"):
+        determinize(Fsa.from_str("0 1 0 0\n1 2 -1 0\n2\n"))
+    with pytest.raises(ValueError, match="aux_labels"):
+        determinize(Fsa.from_str("0 1 1 2 0\n1 2 -1 -1 0\n2\n", acceptor=False))
+    # project, remove epsilons, determinize: the usual pipeline
+    t = Fsa.from_str("0 1 1 2 0.5\n0 2 1 3 0.25\n1 3 2 0 0\n2 3 2 0 1\n3 4 -1 -1 0\n4\n", acceptor=False)
+    d = determinize(project(t))
+    assert to_str(d) == "0 1 1 0.5\n1 2 2 0.75\n2 3 -1 0\n3\n"
