@@ -5,6 +5,14 @@ buckets, each bucket has a fixed batch size B_b = max_frames // T_b, so every ep
 and every batch of a bucket has the same padded shape (B_b, T_b, N_b). A grain DataLoader reads batch plans by
 global index (sharded round-robin across hosts) and builds them in worker processes; its iterator's
 `get_state()` / `set_state()` resume at the exact batch.
+
+    utts = read_manifest("train.jsonl")
+    tok = CharTokenizer.from_texts(u.text for u in utts)
+    loader = make_loader(utts, tok, FeatureConfig(), BatchConfig(max_frames=20000), seed=0, num_epochs=None,
+                         worker_count=4, shard_index=jax.process_index(), shard_count=jax.process_count())
+    it = iter(loader)
+    batch = next(it)                 # features [B, T, F], feature_paddings [B, T], labels [B, N], ...
+    state = it.get_state()           # bytes: store with the checkpoint; later it.set_state(state)
 """
 from __future__ import annotations
 
@@ -395,15 +403,18 @@ class AsrLoader:
     """Iterable of fixed-shape batches (a configured grain DataLoader). `iter(loader)` gives a grain
     DataLoaderIterator with `get_state() -> bytes` / `set_state(bytes)`.
 
-    Attributes: batches_per_epoch (global, all shards), steps_per_epoch (this shard), bucket_shapes (the
+    Attributes: batches_per_epoch (global, all shards), steps_per_epoch (this shard), num_steps (this shard, all
+    epochs; None when endless), bucket_shapes (the
     (B, T, N) shapes batches can have; T counts samples when output="audio"), buckets, num_utterances, dropped
     (ids left out by drop_too_long / drop_unfit).
     """
 
-    def __init__(self, data_loader, buckets, shapes, batches_per_epoch, shard_count, num_utterances, dropped):
+    def __init__(self, data_loader, buckets, shapes, batches_per_epoch, shard_count, num_utterances, dropped,
+                 num_epochs):
         self.data_loader, self.buckets, self.bucket_shapes = data_loader, buckets, shapes
         self.batches_per_epoch, self.num_utterances, self.dropped = batches_per_epoch, num_utterances, dropped
         self.steps_per_epoch = batches_per_epoch // shard_count
+        self.num_steps = None if num_epochs is None else self.steps_per_epoch * num_epochs   # None: endless
 
     def __iter__(self):
         return iter(self.data_loader)
@@ -541,7 +552,7 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
                               worker_count=worker_count, worker_buffer_size=worker_buffer_size,
                               shard_options=grain.ShardOptions(shard_index=shard_index, shard_count=shard_count,
                                                                drop_remainder=False))
-    return AsrLoader(loader, buckets, sorted(shapes), bpe, shard_count, int(keep.sum()), dropped)
+    return AsrLoader(loader, buckets, sorted(shapes), bpe, shard_count, int(keep.sum()), dropped, num_epochs)
 
 
 def _absl_flags_workaround():

@@ -157,6 +157,7 @@ def test_resume_gives_the_same_batches(small, tok):
         return make_loader(small, tok, FC, BC, seed=11, num_epochs=2, worker_count=0,
                            augment=AudioAugment(speeds=(0.9, 1.0, 1.1), gain_db=(-6.0, 6.0)))
     full = _collect(iter(loader()))
+    assert len(full) == loader().num_steps == 2 * loader().steps_per_epoch
     it = iter(loader())
     head = _collect(it, 4)
     state = it.get_state()
