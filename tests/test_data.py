@@ -245,6 +245,16 @@ def test_wrong_manifest_duration_is_reported(small, tok):
         _collect(iter(loader))
 
 
+def test_corrupt_audio_is_reported_with_its_path(small, tok, tmp_path):
+    import dataclasses
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF....WAVEfmt " + bytes(40))
+    utts = [dataclasses.replace(small[0], audio_path=str(bad))] + small[1:4]
+    loader = make_loader(utts, tok, FC, BC, seed=0, shuffle=False)
+    with pytest.raises(Exception, match="broken.wav"):
+        _collect(iter(loader))
+
+
 def test_label_buckets_audio_output_and_whisper(small, tok):
     bc = BatchConfig(max_frames=1200, num_buckets=2, label_bucket_boundaries=(4, 8), output="audio")
     ld = make_loader(small, tok, FC, bc, seed=0, shuffle=False)
