@@ -236,6 +236,15 @@ class Fsa:
         from fsa_ops.unary import invert
         return invert(self)
 
+    def to_dot(self, title=None, **kw) -> str:
+        from fsa_ops.draw import to_dot
+        return to_dot(self, title=title, **kw)
+
+    def draw(self, filename: str, title=None, **kw) -> str:
+        """Render with graphviz's `dot` (k2's Fsa.draw); see fsa_ops.draw.draw."""
+        from fsa_ops.draw import draw
+        return draw(self, filename, title=title, **kw)
+
     def to_numpy(self) -> "Fsa":
         return tree_util.tree_map(np.asarray, self)
 

@@ -241,3 +241,24 @@ def test_pytree_and_jit():
     b = a.replace(score=np.zeros(3, np.float32))
     assert a.score[1] == np.float32(1.5) and b.score[1] == 0
     assert a.replace(aux_labels=None).attrs == {}
+
+
+def test_to_dot_and_draw(tmp_path):
+    import re
+    import shutil
+
+    f = Fsa.from_str("0 1 1 2 0.5\n0 1 0 3 1\n1 2 -1 -1 0\n2\n", acceptor=False)
+    dot = f.to_dot(title="t", symbols={1: "a"})
+    assert dot.startswith("digraph") and dot.rstrip().endswith("}")
+    edges = re.findall(r'(\d+) -> (\d+) \[label = "([^"]*)"\]', dot)
+    assert edges == [("0", "1", "a:2/0.5"), ("0", "1", "<eps>:3/1"), ("1", "2", "-1:-1/0")]
+    assert '2 [label = "2", shape = doublecircle' in dot
+    out = tmp_path / "f.svg"
+    if shutil.which("dot") is None:
+        with pytest.raises(RuntimeError, match="dot"):
+            f.draw(str(out))
+    else:
+        f.draw(str(out))
+        assert out.read_text().lstrip().startswith("<")
+    with pytest.raises(ValueError, match="suffix"):
+        f.draw(str(tmp_path / "noext"))
