@@ -36,10 +36,18 @@ def _intersect_one(a: Fsa, b: Fsa, eps: bool):
     fa, fb = na - 1, nb - 1
     a_src, a_dst, a_lab, a_sc = (x.tolist() for x in (a.src, a.dst, a.label, a.score))
     b_src, b_dst, b_lab, b_sc = (x.tolist() for x in (b.src, b.dst, b.label, b.score))
-    a_leave = [[] for _ in range(na)]
+    a_leave = [[] for _ in range(na)]  # non-epsilon arcs (all arcs if not eps)
+    a_eps = [[] for _ in range(na)]
+    a_by_label = [dict() for _ in range(na)]
     for i, s in enumerate(a_src):
-        a_leave[s].append(i)
+        lab = a_lab[i]
+        if eps and lab == 0:
+            a_eps[s].append(i)
+        else:
+            a_leave[s].append(i)
+            a_by_label[s].setdefault(lab, []).append(i)
     b_by_label = [dict() for _ in range(nb)]
+    b_count = [0] * nb
     b_eps = [[] for _ in range(nb)]
     for i, s in enumerate(b_src):
         lab = b_lab[i]
@@ -47,6 +55,7 @@ def _intersect_one(a: Fsa, b: Fsa, eps: bool):
             b_eps[s].append(i)
         else:
             b_by_label[s].setdefault(lab, []).append(i)
+            b_count[s] += 1
     ids = {(0, 0): 0}
     order = [(0, 0)]
     FINAL = -2
@@ -66,14 +75,21 @@ def _intersect_one(a: Fsa, b: Fsa, eps: bool):
     while q < len(order):
         sa, sb = order[q]
         bl = b_by_label[sb]
-        for ia in a_leave[sa]:
-            la = a_lab[ia]
-            if eps and la == 0:
+        # matching arcs, in the order of a's arcs (iterate over the smaller side)
+        if len(a_leave[sa]) <= b_count[sb]:
+            pairs = [(ia, ib) for ia in a_leave[sa] for ib in bl.get(a_lab[ia], ())]
+        else:
+            al = a_by_label[sa]
+            pairs = sorted((ia, ib) for lab, ibs in bl.items() for ia in al.get(lab, ()) for ib in ibs)
+        # a's epsilon arcs come in a's arc order too (merged with the matches), then b's epsilon arcs
+        if eps and a_eps[sa]:
+            pairs = sorted(pairs + [(ia, -1) for ia in a_eps[sa]])
+        for ia, ib in pairs:
+            if ib < 0:
                 o_src.append(q); o_dst.append(state(a_dst[ia], sb)); o_lab.append(0)  # noqa: E702
                 o_sc.append(a_sc[ia]); m_a.append(ia); m_b.append(-1)  # noqa: E702
-                continue
-            for ib in bl.get(la, ()):
-                o_src.append(q); o_dst.append(state(a_dst[ia], b_dst[ib])); o_lab.append(la)  # noqa: E702
+            else:
+                o_src.append(q); o_dst.append(state(a_dst[ia], b_dst[ib])); o_lab.append(a_lab[ia])  # noqa: E702
                 o_sc.append(a_sc[ia] + b_sc[ib]); m_a.append(ia); m_b.append(ib)  # noqa: E702
         if eps:
             for ib in b_eps[sb]:

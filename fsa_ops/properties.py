@@ -102,9 +102,8 @@ def _acyclic_one(f: Fsa) -> bool:
         if lens.sum() == 0:
             break
         idx = np.repeat(splits[batch] - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
-        dec = np.bincount(dst[idx], minlength=ns)
-        touched = np.nonzero(dec)[0]
-        indeg[touched] -= dec[touched]
+        touched, dec = np.unique(dst[idx], return_counts=True)
+        indeg[touched] -= dec
         batch = touched[indeg[touched] == 0]
     return seen == ns
 
