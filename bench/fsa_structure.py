@@ -108,7 +108,8 @@ def main():
     LG = timed(rows, f"compose(L {len(L.label)} arcs, G {len(G.label)} arcs)", compose, L, G)
     LG = timed(rows, "connect(LG)", connect, LG)
     A = project(LG)  # phone-level acceptor
-    timed(rows, "remove_epsilon(LG) (tropical; none to remove)", remove_epsilon, LG)
+    W = invert(LG)  # word labels, epsilon on word-internal arcs
+    timed(rows, f"remove_epsilon(invert(LG)) (tropical; {int((W.label == 0).sum())} eps arcs)", remove_epsilon, W)
     timed(rows, "determinize(phone acceptor of LG, tropical)", determinize, A)
     timed(rows, "determinize(phone acceptor of LG, log)", determinize, A, log_semiring=True)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fsa_structure.md")
