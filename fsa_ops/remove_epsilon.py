@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 
 from fsa_ops._host import as_numpy, build, empty_like, map_fsas
-from fsa_ops.fsa import Fsa
+from fsa_ops.fsa import Fsa, create_fsa_vec
 
 __all__ = ["remove_epsilon"]
 
@@ -173,5 +173,16 @@ def _remove_epsilon_one(fsa: Fsa, log_semiring: bool) -> Fsa:
 
 
 def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
-    """Remove epsilon arcs (label 0); see the module docstring. Single Fsa or batch."""
-    return map_fsas(lambda f: _remove_epsilon_one(f, log_semiring), fsa)
+    """Remove epsilon arcs (label 0); see the module docstring. Single Fsa or batch (in a batch, an integer
+    attribute that is 2-D for one FSA is made 2-D for all)."""
+    fsa = as_numpy(fsa)
+    if not fsa.is_batch:
+        return _remove_epsilon_one(fsa, log_semiring)
+    outs = [_remove_epsilon_one(f, log_semiring) for f in fsa]
+    for k in (outs[0].attrs if outs else {}):
+        if any(o.attrs[k].ndim == 2 for o in outs):
+            for o in outs:
+                v = o.attrs[k]
+                if v.ndim == 1:
+                    o.attrs[k] = np.where(v == -1, 0, v)[:, None].astype(v.dtype)
+    return create_fsa_vec(outs)

@@ -452,3 +452,30 @@ def test_determinize_errors():
     t = Fsa.from_str("0 1 1 2 0.5\n0 2 1 3 0.25\n1 3 2 0 0\n2 3 2 0 1\n3 4 -1 -1 0\n4\n", acceptor=False)
     d = determinize(project(t))
     assert to_str(d) == "0 1 1 0.5\n1 2 2 0.75\n2 3 -1 0\n3\n"
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(random_fsas(acyclic=True, aux_labels=True, max_states=5, max_arcs=8), min_size=1, max_size=3))
+def test_batch_ops_match_single(fs):
+    v = create_fsa_vec(fs).to_jax()  # host ops accept jax arrays too
+    for op in (arc_sort, connect, top_sort, invert, project, add_epsilon_self_loops, remove_epsilon,
+               remove_epsilon_self_loops):
+        out = op(v)
+        assert out.is_batch and len(out) == len(fs)
+        for i, f in enumerate(fs):
+            single = op(f)
+            assert to_str(out[i].replace(aux_labels=None)) == to_str(single.replace(aux_labels=None)), op
+            for k in single.attrs:  # per-arc values (a batch may hold a ragged attribute as 2-D)
+                rows = lambda x: [tuple(int(y) for y in np.atleast_1d(r) if y not in (0, -1))  # noqa: E731
+                                  for r in np.asarray(x)]
+                assert rows(out[i].attrs[k]) == rows(single.attrs[k]), (op, k)
+    b = arc_sort(fs[0])
+    c, ma, mb = intersect(arc_sort(project(create_fsa_vec(fs))), project(b), ret_arc_maps=True)
+    for i, f in enumerate(fs):
+        ci, mai, mbi = intersect(arc_sort(project(f)), project(b), ret_arc_maps=True)
+        assert to_str(c[i]) == to_str(ci)
+        n = len(ci.label)
+        assert ma[i, :n].tolist() == mai.tolist() and mb[i, :n].tolist() == mbi.tolist()
+    d = determinize(remove_epsilon(project(create_fsa_vec(fs))))
+    for i, f in enumerate(fs):
+        assert to_str(d[i]) == to_str(determinize(remove_epsilon(project(f))))
