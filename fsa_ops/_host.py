@@ -5,13 +5,14 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec
 
 
 def as_numpy(fsa: Fsa, name: str = "fsa") -> Fsa:
-    """The same Fsa with numpy arrays (host ops accept jax arrays too)."""
+    """The same Fsa with numpy arrays (host ops accept jax arrays too), validated (ValueError naming `name`)."""
     if not isinstance(fsa, Fsa):
         raise TypeError(f"{name}: expected an Fsa, got {type(fsa).__name__}")
+    check_fsa(fsa, name)
     return Fsa(np.asarray(fsa.src), np.asarray(fsa.dst), np.asarray(fsa.label), np.asarray(fsa.score),
                np.asarray(fsa.num_states), np.asarray(fsa.num_arcs),
                {k: np.asarray(v) for k, v in fsa.attrs.items()}, max_states=fsa.max_states)

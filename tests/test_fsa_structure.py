@@ -479,3 +479,15 @@ def test_batch_ops_match_single(fs):
     d = determinize(remove_epsilon(project(create_fsa_vec(fs))))
     for i, f in enumerate(fs):
         assert to_str(d[i]) == to_str(determinize(remove_epsilon(project(f))))
+
+
+def test_ops_reject_invalid_input_naming_it():
+    good = Fsa.from_str("0 1 2 0\n1 2 -1 0\n2\n")
+    bad = good.replace(label=np.array([2, 5], np.int32))  # arc into the final state without label -1
+    for op in (arc_sort, connect, top_sort, closure, remove_epsilon, determinize, project):
+        with pytest.raises(ValueError, match="fsa: arc into the final state"):
+            op(bad)
+    with pytest.raises(ValueError, match="b_fsa: arc into the final state"):
+        intersect(good, bad)
+    with pytest.raises(TypeError, match="a_fsa: expected an Fsa"):
+        intersect("0 1 2 0", good)
