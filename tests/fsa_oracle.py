@@ -6,7 +6,7 @@ API (single FSAs; for a batch, apply per `fsavec[i]`):
 
 - `Path`: namedtuple (arcs: tuple of arc indices, labels: tuple incl. the final -1, attrs: dict name -> tuple of
   per-arc values along the path, score: float (float64 sum of arc scores)).
-- `enumerate_paths(fsa, max_labels=None, max_arcs=None, count_attr=None, max_paths=30_000) -> list[Path]`:
+- `enumerate_paths(fsa, max_labels=None, max_arcs=None, count_attr=None, max_paths=200_000) -> list[Path]`:
   every path from state 0 to the final state. Paths stop being extended once they carry more than `max_labels`
   non-epsilon labels (of `label`, or of attribute `count_attr`) or more than `max_arcs` arcs. For a cyclic FSA
   give a bound; with `max_labels` and no epsilon cycles the result is exact for every label sequence of length
@@ -66,7 +66,7 @@ def _is_acyclic(ns, src, dst):
     return seen == ns
 
 
-def enumerate_paths(fsa: Fsa, max_labels=None, max_arcs=None, count_attr=None, max_paths=30_000):
+def enumerate_paths(fsa: Fsa, max_labels=None, max_arcs=None, count_attr=None, max_paths=200_000):
     ns, src, dst, lab, sc = _arrays(fsa)
     if ns == 0:
         return []
