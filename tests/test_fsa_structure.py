@@ -491,3 +491,21 @@ def test_ops_reject_invalid_input_naming_it():
         intersect(good, bad)
     with pytest.raises(TypeError, match="a_fsa: expected an Fsa"):
         intersect("0 1 2 0", good)
+
+
+def test_intersect_k2_examples():
+    # k2/python/tests/intersect_test.py
+    a = Fsa.from_str("0 1 0 0.1\n0 1 1 0.2\n1 1 2 0.3\n1 2 -1 0.4\n2\n")
+    b = Fsa.from_str("0 1 1 1\n0 1 2 2\n1 2 -1 3\n2\n")
+    c, ma, mb = intersect(a, b, treat_epsilons_specially=False, ret_arc_maps=True)
+    assert to_str(c).strip() == "0 1 1 1.2\n1 2 -1 3.4\n2"
+    assert ma.tolist() == [1, 3] and mb.tolist() == [0, 2]  # k2: arcs 1, 3 of a and 0, 2 of b kept
+    assert intersect(create_fsa_vec([a]), b, treat_epsilons_specially=False).is_batch
+    a2 = Fsa.from_str("0 1 3 0.0\n0 1 1 0.2\n0 1 0 0.1\n1 1 2 0.3\n1 2 -1 0.4\n2\n")
+    b2 = Fsa.from_str("0 1 5 0\n0 1 1 1\n0 1 2 2\n1 2 -1 3\n2\n")
+    sa, amap = arc_sort(a2, ret_arc_map=True)
+    sb, bmap = arc_sort(b2, ret_arc_map=True)
+    c2, ma2, mb2 = intersect(sa, sb, ret_arc_maps=True)
+    assert to_str(c2).strip() == "0 1 0 0.1\n0 2 1 1.2\n1 2 2 2.3\n2 3 -1 3.4\n3"
+    assert sorted(set(amap[ma2[ma2 >= 0]].tolist())) == [1, 2, 3, 4]
+    assert sorted(set(bmap[mb2[mb2 >= 0]].tolist())) == [1, 2, 3]
