@@ -509,3 +509,20 @@ def test_intersect_k2_examples():
     assert to_str(c2).strip() == "0 1 0 0.1\n0 2 1 1.2\n1 2 2 2.3\n2 3 -1 3.4\n3"
     assert sorted(set(amap[ma2[ma2 >= 0]].tolist())) == [1, 2, 3, 4]
     assert sorted(set(bmap[mb2[mb2 >= 0]].tolist())) == [1, 2, 3]
+
+
+def test_compose_k2_examples():
+    # k2/python/tests/compose_test.py
+    from fsa_oracle import total_score
+    a = Fsa.from_str("0 1 11 1 1.0\n0 2 12 2 2.5\n1 3 -1 -1 0\n2 3 -1 -1 2.5\n3\n", num_aux_labels=1)
+    b = Fsa.from_str("0 1 1 1 1.0\n0 2 2 3 3.0\n1 2 3 2 2.5\n2 3 -1 -1 2.0\n3\n", num_aux_labels=1)
+    ans = connect(compose(a, b, inner_labels="inner"))
+    assert total_score(ans) == pytest.approx(10.0)
+    f1 = Fsa.from_str("0 1 1 2 0.1\n0 2 0 2 0.2\n1 3 3 5 0.3\n2 3 5 4 0.4\n3 4 3 3 0.5\n3 5 2 2 0.6\n"
+                      "4 6 -1 -1 0.7\n5 6 -1 -1 0.8\n6\n", num_aux_labels=1)
+    f2 = Fsa.from_str("0 0 2 1 1\n0 1 4 3 2\n0 1 6 2 2\n0 2 -1 -1 0\n1 1 2 5 3\n1 2 -1 -1 4\n2\n",
+                      num_aux_labels=1)
+    ans = connect(compose(f1, arc_sort(f2), inner_labels="phones"))
+    assert ans.labels.tolist() == [0, 5, 2, -1]
+    assert ans.attrs["phones"].tolist() == [2, 4, 2, -1]
+    assert ans.aux_labels.tolist() == [1, 3, 5, -1]
