@@ -102,6 +102,7 @@ class Wav2Vec2Config:
     param_dtype: str = "float32"
     remat: bool = False
     scan_layers: bool = False
+    attention_chunk_size: int = 512  # queries per attention block (memory O(chunk * T)); 0 = unchunked
 
     def __post_init__(self):
         for f in ("conv_dim", "conv_stride", "conv_kernel"):
@@ -398,6 +399,41 @@ class PositionalConvEmbedding(nn.Module):
         return _activation(cfg.feat_extract_activation)(y).astype(dtype)
 
 
+def dot_product_attention(q, k, v, key_mask=None, *, chunk_size: int = 0, dropout_rate: float = 0.0,
+                          dropout_rng: jax.Array | None = None) -> jax.Array:
+    """Softmax attention ``[B, T, H, D] -> [B, T, H, D]`` (float32 scores/softmax, float32 output).
+
+    With ``0 < chunk_size < T`` the queries are processed ``chunk_size`` at a time (``lax.map`` with
+    rematerialisation), so memory is ``O(chunk_size * T)`` instead of ``O(T^2)`` in the forward and the backward
+    pass; the numbers are those of the unchunked computation. Dropout on the attention probabilities when
+    ``dropout_rng`` is given.
+    """
+    b, t, h, d = q.shape
+    scale = d ** -0.5
+
+    def block(qb, rng):
+        scores = jnp.einsum("bqhd,bkhd->bhqk", qb, k, preferred_element_type=jnp.float32) * scale
+        if key_mask is not None:
+            scores = jnp.where(key_mask[:, None, None, :], scores, NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1)
+        if rng is not None and dropout_rate > 0.0:
+            keep = jax.random.bernoulli(rng, 1.0 - dropout_rate, probs.shape)
+            probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+        return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+
+    if not chunk_size or chunk_size >= t:
+        return block(q, dropout_rng)
+    n = -(-t // chunk_size)
+    qp = jnp.pad(q, ((0, 0), (0, n * chunk_size - t), (0, 0), (0, 0)))
+    qc = jnp.moveaxis(qp.reshape(b, n, chunk_size, h, d), 1, 0)
+    if dropout_rng is None:
+        out = jax.lax.map(jax.checkpoint(lambda qb: block(qb, None)), qc)
+    else:
+        rngs = jax.random.split(dropout_rng, n)
+        out = jax.lax.map(jax.checkpoint(lambda a: block(a[0], a[1])), (qc, rngs))
+    return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk_size, h, d)[:, :t]
+
+
 class Attention(nn.Module):
     config: Wav2Vec2Config
     deterministic: bool = True
@@ -410,12 +446,10 @@ class Attention(nn.Module):
         q = _dense((h, d), ("embed", "heads", "kv"), cfg, name="q_proj")(x)
         k = _dense((h, d), ("embed", "heads", "kv"), cfg, name="k_proj")(x)
         v = _dense((h, d), ("embed", "heads", "kv"), cfg, name="v_proj")(x)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
-        if key_mask is not None:
-            scores = jnp.where(key_mask[:, None, None, :], scores, NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=self.deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        rate = cfg.attention_dropout
+        rng = self.make_rng("dropout") if (not self.deterministic and rate > 0.0) else None
+        out = dot_product_attention(q, k, v, key_mask, chunk_size=cfg.attention_chunk_size, dropout_rate=rate,
+                                    dropout_rng=rng)
         out = out.astype(jnp.dtype(cfg.dtype))
         return _dense(cfg.hidden_size, ("heads", "kv", "embed"), cfg, name="out_proj", axis=(-2, -1))(out)
 

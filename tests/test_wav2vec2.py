@@ -437,7 +437,7 @@ def test_scan_and_remat_give_same_numbers(ctc):
         return wav2vec2_ctc_loss(out.logits, out.paddings, labels, reduction="mean"), out.logits
 
     (l0, lg0), g0 = jax.value_and_grad(lambda p: loss(model, p), has_aux=True)(params)
-    m1, p1, c1 = from_pretrained(d, scan_layers=True, remat=True)
+    m1, p1, c1 = from_pretrained(d, scan_layers=True, remat=True, attention_chunk_size=16)  # 79 frames: 5 chunks
     assert p1["wav2vec2"]["encoder"]["layers"]["layer"]["attention"]["q_proj"]["kernel"].shape[0] == 2
     (l1, lg1), g1 = jax.value_and_grad(lambda p: loss(m1, p), has_aux=True)(p1)
     np.testing.assert_allclose(lg1, lg0, atol=1e-5, rtol=0)
@@ -495,3 +495,21 @@ def test_bad_input_errors(ctc):
         Wav2Vec2Config(add_adapter=True)
     with pytest.raises(ValueError, match="feat_extract_norm"):
         Wav2Vec2Config(feat_extract_norm="batch")
+
+
+def test_chunked_attention_equals_unchunked():
+    from models.wav2vec2 import dot_product_attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 37, 3, 4)).astype(np.float32)) for _ in range(3))
+    key_mask = jnp.asarray(np.arange(37)[None, :] < np.array([[37], [20]]))
+    f = lambda c: (lambda q, k, v: jnp.sum(jnp.sin(dot_product_attention(q, k, v, key_mask, chunk_size=c))))
+    v0, g0 = jax.value_and_grad(f(0), argnums=(0, 1, 2))(q, k, v)
+    v1, g1 = jax.value_and_grad(f(8), argnums=(0, 1, 2))(q, k, v)  # 37 = 4 chunks of 8 + a padded one
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+    for a, b in zip(g0, g1):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+    out = dot_product_attention(q, k, v, key_mask, chunk_size=8)
+    np.testing.assert_allclose(out, dot_product_attention(q, k, v, key_mask), atol=1e-6, rtol=0)
+    d = dot_product_attention(q, k, v, key_mask, chunk_size=8, dropout_rate=0.5, dropout_rng=jax.random.PRNGKey(0))
+    assert d.shape == out.shape and np.isfinite(np.asarray(d)).all() and np.abs(np.asarray(d - out)).max() > 1e-3
