@@ -119,9 +119,6 @@ def _closure_one(fsa: Fsa) -> Fsa:
     if ns == 0:
         return empty_like(fsa)
     final = ns - 1
-    if np.any(fsa.dst == 0):
-        raise ValueError("closure: arcs enter the start state; the closure (k2's construction, which loops "
-                         "back to the start state) would then accept extra strings")
     into_final = fsa.dst == final
     n0 = int(np.sum(fsa.src == 0))
     A = len(fsa.src)
@@ -145,5 +142,6 @@ def _closure_one(fsa: Fsa) -> Fsa:
 def closure(fsa: Fsa) -> Fsa:
     """Kleene closure (k2): arcs into the final state become epsilon arcs back to the start state (their
     aux_label -1 becomes 0) and a new arc 0 -> final with label -1 (score 0) follows the start state's arcs.
-    That is exact only if no arc enters the start state, so such input raises ValueError."""
+    Caution (as k2): this is the Kleene closure only if no arc enters the start state; otherwise the
+    result also accepts strings that loop back to the start state mid-way (k2 returns it all the same)."""
     return map_fsas(_closure_one, fsa)

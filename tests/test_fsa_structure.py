@@ -194,6 +194,24 @@ def test_union(fs):
     assert ok, msg
 
 
+def test_closure_k2_examples():
+    # k2/python/tests/closure_test.py
+    f = Fsa.from_str("0 1 1 0.1\n1 2 2 0.2\n2 3 -1 0.3\n3\n").replace(aux_labels=np.array([10, 20, -1], np.int32))
+    c = closure(f)
+    assert np.stack([c.src, c.dst, c.label], 1).tolist() == [[0, 1, 1], [0, 3, -1], [1, 2, 2], [2, 0, 0]]
+    np.testing.assert_allclose(c.score, [0.1, 0.0, 0.2, 0.3], rtol=1e-6)
+    assert c.aux_labels.tolist() == [10, -1, 20, 0]
+    g = Fsa.from_str("0 1 1 0.0\n0 2 2 0.1\n0 3 -1 0.2\n1 0 0 0.3\n1 2 2 0.4\n1 3 -1 0.5\n2 0 0 0.6\n2 1 1 0.7\n"
+                     "2 2 2 0.8\n2 3 -1 0.9\n3\n").replace(
+        aux_labels=np.array([0, 1, -1, 2, 3, -1, 4, 5, 6, -1], np.int32))
+    c = closure(g)
+    assert np.stack([c.src, c.dst, c.label], 1).tolist() == [
+        [0, 1, 1], [0, 2, 2], [0, 0, 0], [0, 3, -1], [1, 0, 0], [1, 2, 2], [1, 0, 0], [2, 0, 0], [2, 1, 1],
+        [2, 2, 2], [2, 0, 0]]
+    np.testing.assert_allclose(c.score, [0., 0.1, 0.2, 0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], rtol=1e-6)
+    assert c.aux_labels.tolist() == [0, 1, 0, -1, 2, 3, 0, 4, 5, 6, 0]
+
+
 def test_union_k2_example():
     # k2 union: new start state with epsilon arcs to each FSA, one shared final state
     a = Fsa.from_str("0 1 1 0.1\n1 2 -1 0.2\n2\n")
@@ -207,9 +225,7 @@ def test_union_k2_example():
 def test_closure(f):
     L = lang(f, max_labels=3, max_arcs=20)
     assume(() not in L)  # the empty word would make an epsilon cycle in the closure
-    if np.any(f.dst == 0):
-        with pytest.raises(ValueError, match="start state"):
-            closure(f)
+    if np.any(f.dst == 0):  # k2's construction is the Kleene closure only without arcs into the start state
         f = Fsa.from_arcs(f.src, np.where(f.dst == 0, 1, f.dst), np.where(f.dst == 0, 1, f.label), f.score,
                           num_states=int(f.num_states), attrs=f.attrs) if int(f.num_states) > 2 else f
         assume(not np.any(f.dst == 0))
