@@ -542,3 +542,24 @@ def test_compose_k2_examples():
     assert ans.labels.tolist() == [0, 5, 2, -1]
     assert ans.attrs["phones"].tolist() == [2, 4, 2, -1]
     assert ans.aux_labels.tolist() == [1, 3, 5, -1]
+
+
+def test_union_k2_examples():
+    # k2/python/tests/union_test.py
+    from fsa_oracle import arc_post, total_score
+    f0 = Fsa.from_str("0 1 1 0.1\n0 2 2 0.2\n1 2 3 0.3\n1 3 -1 0.4\n2 3 -1 0.5\n2 1 5 0.55\n3\n")
+    f1 = Fsa.from_str("0 1 -1 0.6\n1\n")
+    f2 = Fsa.from_str("0 1 6 0.7\n1 0 7 0.8\n1 0 8 0.9\n1 2 -1 1.0\n2\n")
+    u = union(create_fsa_vec([f0, f1, f2]))
+    assert np.stack([u.src, u.dst, u.label], 1).tolist() == [
+        [0, 1, 0], [0, 4, 0], [0, 5, 0], [1, 2, 1], [1, 3, 2], [2, 3, 3], [2, 7, -1], [3, 7, -1], [3, 2, 5],
+        [4, 7, -1], [5, 6, 6], [6, 5, 7], [6, 5, 8], [6, 7, -1]]
+    np.testing.assert_allclose(u.score, [0, 0, 0, .1, .2, .3, .4, .5, .55, .6, .7, .8, .9, 1.], rtol=1e-6)
+    g0 = Fsa.from_str("0 1 1 0.1\n0 2 2 0.2\n1 3 -1 0.3\n1 2 2 0.4\n2 3 -1 0.5\n3\n")
+    g1 = Fsa.from_str("0 2 -1 0.6\n0 1 1 0.7\n1 2 -1 0.8\n2\n")
+    g2 = Fsa.from_str("0 1 1 1.1\n1 2 -1 1.2\n2\n")
+    u = union(create_fsa_vec([g0, g1, g2]))
+    assert total_score(u) == pytest.approx(3.1136, abs=1e-4)  # k2 (computed with gtn)
+    post = np.exp(arc_post(u))[3:]  # the union's arcs after the 3 new epsilon arcs, in input order
+    np.testing.assert_allclose(post, [0.18710044, 0.08949275, 0.06629787, 0.12080258, 0.21029533,
+                                      0.08097639, 0.19916977, 0.19916977, 0.44326058, 0.44326058], atol=1e-6)
