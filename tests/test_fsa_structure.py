@@ -563,3 +563,16 @@ def test_union_k2_examples():
     post = np.exp(arc_post(u))[3:]  # the union's arcs after the 3 new epsilon arcs, in input order
     np.testing.assert_allclose(post, [0.18710044, 0.08949275, 0.06629787, 0.12080258, 0.21029533,
                                       0.08097639, 0.19916977, 0.19916977, 0.44326058, 0.44326058], atol=1e-6)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_determinize_k2_example(log):
+    # k2/python/tests/determinize_test.py: 9 states, 13 weighted arcs -> 7 states, 9 arcs (max and log-sum)
+    arcs = np.array([(0, 4, 1), (0, 1, 1), (1, 2, 2), (1, 3, 3), (2, 7, 1), (3, 7, 1), (4, 6, 1), (4, 6, 1),
+                     (4, 5, 1), (4, 8, -1), (5, 8, -1), (6, 8, -1), (7, 8, -1)])
+    w = np.array([1, 1, 2, 3, 4, 5, 2, 3, 3, 2, 4, 3, 5], np.float32)
+    f = Fsa.from_arcs(arcs[:, 0], arcs[:, 1], arcs[:, 2], w, num_states=9)
+    d = determinize(f, log_semiring=log)
+    assert int(d.num_states) == 7 and len(d.label) == 9 and is_deterministic(d)
+    ok, msg = languages_close(weighted_language(d, log), weighted_language(f, log))
+    assert ok, msg
