@@ -17,7 +17,7 @@ from fsa_ops.connect import accessible_states, coaccessible_states, connect  # n
 from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec, to_str  # noqa: E402
 from fsa_ops.graphs import ctc_graph, ctc_topo, linear_fsa  # noqa: E402
 from fsa_ops.intersect import compose, intersect  # noqa: E402
-from fsa_ops.properties import (ARC_SORTED, TOPSORTED, get_properties, is_acyclic, is_connected,  # noqa: E402
+from fsa_ops.properties import (ARC_SORTED, EPSILON_FREE, TOPSORTED, get_properties, is_acyclic, is_connected,  # noqa: E402
                                 is_deterministic, properties_to_str)
 from fsa_ops.determinize import determinize  # noqa: E402
 from fsa_ops.remove_epsilon import remove_epsilon  # noqa: E402
@@ -576,3 +576,25 @@ def test_determinize_k2_example(log):
     assert int(d.num_states) == 7 and len(d.label) == 9 and is_deterministic(d)
     ok, msg = languages_close(weighted_language(d, log), weighted_language(f, log))
     assert ok, msg
+
+
+def test_remove_epsilon_k2_examples():
+    # k2/python/tests/remove_epsilon_test.py (host version): arc map [[1] [0 2] [2]]
+    f = Fsa.from_str("0 1 0 0.1\n0 1 1 0.2\n1 2 -1 0.3\n2\n")
+    assert to_str(remove_epsilon(f)) == "0 1 1 0.2\n0 2 -1 0.4\n1 2 -1 0.3\n2\n"
+    g = Fsa.from_str("0 4 1 1\n0 1 1 1\n1 2 0 2\n1 3 0 3\n1 4 0 2\n2 7 0 4\n3 7 0 5\n4 6 1 2\n4 6 0 3\n"
+                     "4 8 1 3\n4 9 -1 2\n5 9 -1 4\n6 9 -1 3\n7 9 -1 5\n8 9 -1 6\n9\n")
+    assert not g.properties & EPSILON_FREE
+    d = remove_epsilon(g)
+    assert d.properties & EPSILON_FREE
+    ok, msg = languages_close(weighted_language(d, False), weighted_language(g, False))
+    assert ok, msg
+    t = Fsa.from_str("0 1 0 1 1\n1 2 0 2 1\n2 3 0 3 1\n3 4 4 4 1\n3 5 -1 5 1\n4 5 -1 6 1\n5\n", num_aux_labels=1)
+    for log in (False, True):
+        d = remove_epsilon(t, log_semiring=log)
+        assert d.properties & EPSILON_FREE
+        ok, msg = languages_close(weighted_language(d, log, key="both"), weighted_language(t, log, key="both"))
+        assert ok, msg
+    # aux_labels 1 2 3 collected along the epsilon path (k2: ragged [1 2 3 4] / [1 2 3 5] ...)
+    assert sorted(tuple(int(x) for x in r if x not in (0, -1)) for r in d.aux_labels) == [(1, 2, 3, 4), (1, 2, 3, 5),
+                                                                                         (6,)]
