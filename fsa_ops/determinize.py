@@ -11,11 +11,10 @@ residuals rounded to `delta`; `max_states` guards against non-determinizable (no
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, build, empty_like, map_fsas
+from fsa_ops._host import as_numpy, build, map_fsas
 from fsa_ops.fsa import Fsa
 
 __all__ = ["determinize"]

@@ -2,7 +2,7 @@
 ctc_graph, levenshtein_graph, trivial_graph. All host-side (numpy)."""
 from __future__ import annotations
 
-from typing import List, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 

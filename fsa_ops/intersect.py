@@ -11,7 +11,6 @@ arc); on both sides, float attributes are summed and integer ones dropped. Score
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Optional
 
 import numpy as np

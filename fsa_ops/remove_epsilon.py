@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, build, empty_like, map_fsas
+from fsa_ops._host import as_numpy, build, empty_like
 from fsa_ops.fsa import Fsa, create_fsa_vec
 
 __all__ = ["remove_epsilon"]

@@ -17,8 +17,8 @@ from fsa_ops.connect import accessible_states, coaccessible_states, connect  # n
 from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec, to_str  # noqa: E402
 from fsa_ops.graphs import ctc_graph, ctc_topo, linear_fsa  # noqa: E402
 from fsa_ops.intersect import compose, intersect  # noqa: E402
-from fsa_ops.properties import (ARC_SORTED, EPSILON_FREE, TOPSORTED, get_properties, is_acyclic, is_connected,  # noqa: E402
-                                is_deterministic, properties_to_str)
+from fsa_ops.properties import (ARC_SORTED, EPSILON_FREE, TOPSORTED, get_properties, is_acyclic,  # noqa: E402
+                                is_connected, is_deterministic, properties_to_str)
 from fsa_ops.determinize import determinize  # noqa: E402
 from fsa_ops.remove_epsilon import remove_epsilon  # noqa: E402
 from fsa_ops.sort import arc_sort, top_sort  # noqa: E402
