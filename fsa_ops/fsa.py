@@ -127,7 +127,8 @@ class Fsa:
         An empty string gives the empty FSA. Malformed text raises ValueError naming the line.
         """
         naux, names = get_aux_label_info(acceptor, num_aux_labels, aux_label_names)
-        return _parse(s, naux, names, openfst)
+        fast = _parse_fast(s, naux, names, openfst)
+        return fast if fast is not None else _parse(s, naux, names, openfst)
 
     @classmethod
     def from_openfst(cls, s: str, acceptor: Optional[bool] = None, num_aux_labels: Optional[int] = None,
@@ -438,6 +439,76 @@ def to_str(fsa: Fsa, openfst: bool = False) -> str:
 
 
 to_str_simple = to_str
+
+
+def _numbers(text: str, n: int) -> np.ndarray:
+    """All whitespace-separated numbers of `text` as float64 (C parser); ValueError unless exactly n."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = np.fromstring(text, dtype=np.float64, sep=" ")
+    if out.size != n:
+        raise ValueError("unparsable text")
+    return out
+
+
+def _ints(x: np.ndarray) -> np.ndarray:
+    """Integer columns parsed as float64 must be exact integers (else ValueError)."""
+    if not np.all(np.isfinite(x)) or np.any(np.floor(x) != x):
+        raise ValueError("non-integer field")
+    return x.astype(np.int64)
+
+
+def _parse_fast(s: str, naux: int, names: List[str], openfst: bool) -> Optional[Fsa]:
+    """Vectorised parser for well-formed text; returns None (the line-by-line parser then reports the
+    problem with its line number) on anything unusual."""
+    lines = [ln for ln in s.splitlines() if ln.strip()]
+    if len(lines) < 2:
+        return None
+    counts = np.fromiter((len(ln.split()) for ln in lines), np.int64, len(lines))
+    arc_fields = 4 + naux
+    try:
+        if not openfst:
+            if counts[-1] != 1 or np.any(counts[:-1] != arc_fields):
+                return None
+            tok = _numbers("\n".join(lines[:-1]), arc_fields * (len(lines) - 1)).reshape(-1, arc_fields)
+            final_state = int(lines[-1])
+            ints = _ints(tok[:, :3 + naux])
+            score = tok[:, -1].astype(np.float32)
+            ns = final_state + 1
+        else:
+            fin = counts <= 2
+            arcs = ~fin
+            if np.any(counts[arcs] != arc_fields) or not fin.any():
+                return None
+            idx_a, idx_f = np.nonzero(arcs)[0], np.nonzero(fin)[0]
+            tok = _numbers("\n".join([lines[i] for i in idx_a]), arc_fields * len(idx_a)).reshape(-1, arc_fields)
+            ints = _ints(tok[:, :3 + naux])
+            score = -tok[:, -1].astype(np.float32)
+            ftok = [lines[i].split() for i in idx_f]
+            fst = np.array([int(t[0]) for t in ftok], np.int64)
+            fsc = np.array([-float(t[1]) if len(t) == 2 else 0.0 for t in ftok], np.float32)
+            if np.any(ints[:, :2] < 0) or np.any(fst < 0) or np.any(ints[:, 2] == -1):
+                return None
+            final_state = int(max(ints[:, :2].max(initial=0), fst.max())) + 1
+            extra = np.zeros((len(fst), 3 + naux), np.int64)
+            extra[:, 0], extra[:, 1], extra[:, 2:] = fst, final_state, -1
+            # final-weight arcs go after the other arcs of their state (stable sort below)
+            ints = np.concatenate([ints, extra])
+            score = np.concatenate([score, fsc])
+            ns = final_state + 1
+    except (ValueError, OverflowError):
+        return None
+    if np.any(np.abs(ints) > np.iinfo(np.int32).max):
+        return None
+    src, dst, lab = ints[:, 0], ints[:, 1], ints[:, 2]
+    final = ns - 1
+    if (final < 0 or np.any((src < 0) | (dst < 0) | (src > final) | (dst > final)) or np.any(src == final)
+            or np.any((lab == -1) != (dst == final))):
+        return None
+    attrs = {nm: ints[:, 3 + j].astype(np.int32) for j, nm in enumerate(names)}
+    return Fsa.from_arcs(src.astype(np.int32), dst.astype(np.int32), lab.astype(np.int32), score, num_states=ns,
+                         attrs=attrs)
 
 
 def _parse(s: str, naux: int, names: List[str], openfst: bool) -> Fsa:

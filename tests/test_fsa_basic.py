@@ -262,3 +262,16 @@ def test_to_dot_and_draw(tmp_path):
         assert out.read_text().lstrip().startswith("<")
     with pytest.raises(ValueError, match="suffix"):
         f.draw(str(tmp_path / "noext"))
+
+
+@SETTINGS
+@given(random_fsas(acyclic=False, aux_labels=True, min_states=1, max_states=6, max_arcs=12))
+def test_fast_and_line_parsers_agree(f):
+    from fsa_ops.fsa import _parse, _parse_fast
+    for openfst in (False, True):
+        text = to_str(f, openfst=openfst)
+        fast = _parse_fast(text, 1, ["aux_labels"], openfst)
+        slow = _parse(text, 1, ["aux_labels"], openfst)
+        if fast is not None:  # None: left to the line parser (e.g. no final-weight line)
+            assert_fsa_equal(fast, slow)
+    assert _parse_fast("0 1 1.5 0\n1\n", 0, [], False) is None  # the line parser reports it
