@@ -237,6 +237,28 @@ class Fsa:
         from fsa_ops.unary import invert
         return invert(self)
 
+    def as_dict(self) -> Dict[str, np.ndarray]:
+        """numpy arrays for saving (e.g. np.savez(path, **fsa.as_dict())), k2-style: 'arcs' ([..., A, 4]
+        int32, score bits reinterpreted), 'num_states', 'num_arcs', 'max_states' and each attribute by name."""
+        d = {"arcs": self.arcs, "num_states": np.asarray(self.num_states, np.int32),
+             "num_arcs": np.asarray(self.num_arcs, np.int32), "max_states": np.asarray(self.max_states, np.int32)}
+        for k, v in self.attrs.items():
+            if k in d:
+                raise ValueError(f"attribute name {k!r} clashes with a reserved key of as_dict")
+            d[k] = np.asarray(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, d) -> "Fsa":
+        """Inverse of `as_dict` (also accepts an np.load result); validates."""
+        arcs = np.asarray(d["arcs"], np.int32)
+        attrs = {k: np.asarray(d[k]) for k in d if k not in ("arcs", "num_states", "num_arcs", "max_states")}
+        fsa = cls(arcs[..., 0], arcs[..., 1], arcs[..., 2], np.ascontiguousarray(arcs[..., 3]).view(np.float32),
+                  np.asarray(d["num_states"], np.int32), np.asarray(d["num_arcs"], np.int32), attrs,
+                  max_states=int(np.asarray(d["max_states"])))
+        check_fsa(fsa)
+        return fsa
+
     def to_dot(self, title=None, **kw) -> str:
         from fsa_ops.draw import to_dot
         return to_dot(self, title=title, **kw)

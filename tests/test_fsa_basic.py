@@ -275,3 +275,15 @@ def test_fast_and_line_parsers_agree(f):
         if fast is not None:  # None: left to the line parser (e.g. no final-weight line)
             assert_fsa_equal(fast, slow)
     assert _parse_fast("0 1 1.5 0\n1\n", 0, [], False) is None  # the line parser reports it
+
+
+def test_as_dict_round_trip(tmp_path):
+    a = Fsa.from_str("0 1 1 2 0.5\n0 1 3 4 -inf\n1 2 -1 -1 0\n2\n", acceptor=False)
+    v = create_fsa_vec([a, Fsa.from_str("0 1 -1 -1 0.25\n1\n", acceptor=False)], pad_arcs_to=4)
+    for f in (a, v):
+        np.savez(tmp_path / "f.npz", **f.as_dict())
+        g = Fsa.from_dict(np.load(tmp_path / "f.npz"))
+        assert g.is_batch == f.is_batch and g.max_states == f.max_states
+        for k in ("src", "dst", "label", "score", "num_states", "num_arcs"):
+            np.testing.assert_array_equal(getattr(g, k), getattr(f, k))
+        np.testing.assert_array_equal(g.aux_labels, f.aux_labels)
