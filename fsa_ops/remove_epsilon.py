@@ -21,7 +21,7 @@ import numpy as np
 from fsa_ops._host import as_numpy, build, empty_like
 from fsa_ops.fsa import Fsa, create_fsa_vec
 
-__all__ = ["remove_epsilon"]
+__all__ = ["remove_epsilon", "remove_epsilon_and_add_self_loops"]
 
 
 def _closure_tropical(s, eps_out, e_dst, e_sc, ns):
@@ -186,3 +186,10 @@ def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
                 if v.ndim == 1:
                     o.attrs[k] = np.where(v == -1, 0, v)[:, None].astype(v.dtype)
     return create_fsa_vec(outs)
+
+
+def remove_epsilon_and_add_self_loops(fsa: Fsa, log_semiring: bool = False) -> Fsa:
+    """remove_epsilon, then an epsilon self-loop on every non-final state (k2; prepares an FSA for
+    intersection with treat_epsilons_specially=False)."""
+    from fsa_ops.unary import add_epsilon_self_loops
+    return add_epsilon_self_loops(remove_epsilon(fsa, log_semiring=log_semiring))

@@ -598,3 +598,10 @@ def test_remove_epsilon_k2_examples():
     # aux_labels 1 2 3 collected along the epsilon path (k2: ragged [1 2 3 4] / [1 2 3 5] ...)
     assert sorted(tuple(int(x) for x in r if x not in (0, -1)) for r in d.aux_labels) == [(1, 2, 3, 4), (1, 2, 3, 5),
                                                                                          (6,)]
+
+
+def test_remove_epsilon_and_add_self_loops():
+    from fsa_ops.remove_epsilon import remove_epsilon_and_add_self_loops
+    f = Fsa.from_str("0 1 0 0.1\n0 1 1 0.2\n1 2 -1 0.3\n2\n")
+    g = remove_epsilon_and_add_self_loops(f)
+    assert to_str(g) == "0 0 0 0\n0 1 1 0.2\n0 2 -1 0.4\n1 1 0 0\n1 2 -1 0.3\n2\n"
