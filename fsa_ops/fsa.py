@@ -52,7 +52,10 @@ class Fsa:
         self.num_arcs = num_arcs
         self.attrs = dict(attrs) if attrs else {}
         if max_states is None:
-            ns = np.asarray(num_states)
+            try:
+                ns = np.asarray(num_states)
+            except Exception as e:  # a tracer under jit
+                raise TypeError("Fsa(...): pass max_states= when num_states is traced (under jit)") from e
             max_states = int(ns.max()) if ns.size else 0
         self.max_states = int(max_states)
         self._props = None
