@@ -634,8 +634,12 @@ class Wav2Vec2Model(nn.Module):
             embed = self.param("masked_spec_embed", _part(nn.initializers.uniform(1.0), ("embed",)),
                                (cfg.hidden_size,), jnp.dtype(cfg.param_dtype))
         if cfg.apply_spec_augment:
-            if mask_time_indices is None and mask_feature_indices is None and not deterministic:
-                mask_time_indices, mask_feature_indices = spec_augment_masks(self.make_rng("mask"), cfg, b, t, fpads)
+            need_t = mask_time_indices is None and cfg.mask_time_prob > 0
+            need_f = mask_feature_indices is None and cfg.mask_feature_prob > 0
+            if not deterministic and (need_t or need_f):  # as transformers in training: sample what is not given
+                tm, fm = spec_augment_masks(self.make_rng("mask"), cfg, b, t, fpads)
+                mask_time_indices = tm if need_t else mask_time_indices
+                mask_feature_indices = fm if need_f else mask_feature_indices
             if mask_time_indices is not None:
                 if not has_embed:
                     raise ValueError("mask_time_indices given but the config has no masked_spec_embed "
