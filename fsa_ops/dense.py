@@ -51,6 +51,8 @@ from fsa_ops.fsa import Fsa
 from fsa_ops.scores import (NEG_INF, arc_table, bucket, fsa_arrays, is_traced, max_degree,
                             safe_logsumexp, score_dtype, valid_arcs)
 
+UNROLL = 1  # frames per loop iteration of the scans (less per-iteration overhead on CPU)
+
 __all__ = ["DenseFsaVec", "intersect_dense", "dense_tot_scores", "dense_frame_weights"]
 
 
@@ -99,12 +101,19 @@ class DenseFsaVec:
                 if st + d > T + allow_truncate:
                     raise ValueError(f"supervision_segments[{i}]: start_frame + duration = {st + d} "
                                      f"> T + allow_truncate = {T + allow_truncate}")
+        identity = False
+        if not is_traced(seg):
+            s = np.asarray(seg)
+            identity = s.shape[0] == N and np.array_equal(s[:, 0], np.arange(N)) and not s[:, 1].any()
         seg = jnp.asarray(seg, jnp.int32)
         idx, start, dur = seg[:, 0], seg[:, 1], seg[:, 2]
         dur = jnp.minimum(dur, T - start)
         t = jnp.arange(T, dtype=jnp.int32)
-        frames = jnp.clip(start[:, None] + t[None, :], 0, T - 1)
-        scores = log_probs[idx[:, None], frames]                              # [S, T, C]
+        if identity:      # one segment per sequence from frame 0: no gather (nor scatter in backprop)
+            scores = log_probs
+        else:
+            frames = jnp.clip(start[:, None] + t[None, :], 0, T - 1)
+            scores = log_probs[idx[:, None], frames]                          # [S, T, C]
         self.scores = jnp.where((t[None, :] < dur[:, None])[..., None], scores, NEG_INF)
         self.duration = dur.astype(jnp.int32)
 
@@ -214,16 +223,20 @@ def _reduce(vals, lay: _Layout, S: int, K: Optional[int], log_semiring: bool):
     return out.reshape(B, S)
 
 
-def _keep_mask(lay: _Layout, w, amax_t, bmax_next, cut, forward: bool):
+def _keep_mask(lay: _Layout, K, w, amax_t, bmax_next, cut, forward: bool):
     """Arcs within output_beam of the best path (Viterbi forward + arc + Viterbi backward)."""
     if forward:   # group = dst, other = src
-        fb = jnp.take_along_axis(amax_t, lay.other, axis=1) + w + _group_take(bmax_next, lay)
+        fb = jnp.take_along_axis(amax_t, lay.other, axis=1) + w + _group_take(bmax_next, lay, K)
     else:         # group = src, other = dst
-        fb = _group_take(amax_t, lay) + w + jnp.take_along_axis(bmax_next, lay.other, axis=1)
+        fb = _group_take(amax_t, lay, K) + w + jnp.take_along_axis(bmax_next, lay.other, axis=1)
     return fb > cut[:, None]
 
 
-def _group_take(x, lay: _Layout):
+def _group_take(x, lay: _Layout, K: Optional[int]):
+    """x[b, group] for [B, S] x: a broadcast in table mode, a gather in segment mode."""
+    if K is not None:
+        B, S = x.shape
+        return jnp.broadcast_to(x[:, :, None], (B, S, K)).reshape(B, S * K)
     return jnp.take_along_axis(x, lay.group, axis=1)
 
 
@@ -231,7 +244,7 @@ def dense_forward_step(alpha, lp_t, is_final, lay, S, K, log_semiring, prune=Non
     """alpha_t [B, S] -> alpha_{t+1} [B, S] for one frame."""
     w = dense_frame_weights(lay, lp_t, is_final)
     if prune is not None:
-        w = jnp.where(_keep_mask(lay, w, *prune, forward=True), w, NEG_INF)
+        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=True), w, NEG_INF)
     vals = jnp.take_along_axis(alpha, lay.other, axis=1) + w
     return _reduce(vals, lay, S, K, log_semiring)
 
@@ -240,9 +253,27 @@ def dense_backward_step(beta_next, lp_t, is_final, lay, S, K, log_semiring, prun
     """beta_{t+1} [B, S] -> (beta_t [B, S], per-arc values w + beta_{t+1}[dst] [B, X])."""
     w = dense_frame_weights(lay, lp_t, is_final)
     if prune is not None:
-        w = jnp.where(_keep_mask(lay, w, *prune, forward=False), w, NEG_INF)
+        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=False), w, NEG_INF)
     vals = w + jnp.take_along_axis(beta_next, lay.other, axis=1)
     return _reduce(vals, lay, S, K, log_semiring), vals
+
+
+def dense_backward_post_step(beta_next, lp_t, is_final, lay, S, K, alpha_t, tot, scale, prune=None):
+    """Table-layout log-semiring backward step that also returns the arc occupancies
+    ``scale * exp(alpha_t[src] + w + beta_{t+1}[dst] - tot)`` [B, S*K], reusing the exponentials
+    of the log-sum-exp (one exp per arc, one per state)."""
+    w = dense_frame_weights(lay, lp_t, is_final)
+    if prune is not None:
+        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=False), w, NEG_INF)
+    B = w.shape[0]
+    v = (w + jnp.take_along_axis(beta_next, lay.other, axis=1)).reshape(B, S, K)
+    m = jnp.max(v, axis=-1)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(v - m[..., None])
+    ssum = jnp.sum(e, axis=-1)
+    beta = jnp.where(ssum > 0, jnp.log(jnp.where(ssum > 0, ssum, 1.0)) + m, NEG_INF)
+    coef = jnp.exp(alpha_t + m - tot[:, None]) * scale[:, None]
+    return beta, (e * coef[..., None]).reshape(B, S * K)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +325,7 @@ def _forward_scan(cfg: _Cfg, G: _Graph, lpT, dur, log_semiring, prune=None):
     if prune is not None:
         xs = xs + (prune[0], prune[1])
     init = (_start_vec(ns, S, dtype), jnp.full((B,), NEG_INF, dtype))
-    (_, tot), alphas = lax.scan(step, init, xs)
+    (_, tot), alphas = lax.scan(step, init, xs, unroll=UNROLL)
     return tot, alphas
 
 
@@ -345,8 +376,12 @@ def _grad_scan(cfg: _Cfg, G: _Graph, lpT, dur, alphas, tot, g, prune):
         t, lp_t, alpha_t = xs[0], xs[1], xs[2]
         pr = None if prune is None else (xs[3], xs[4], prune[2])
         beta_next = jnp.where((t == dur)[:, None], fvec, beta)
-        b, vals = dense_backward_step(beta_next, lp_t, t == dur, lay, S, cfg.kout, True, pr)
-        post = jnp.exp(_group_take(alpha_t, lay) + vals - tot_safe[:, None]) * scale[:, None]
+        if cfg.kout is not None:
+            b, post = dense_backward_post_step(beta_next, lp_t, t == dur, lay, S, cfg.kout, alpha_t,
+                                               tot_safe, scale, pr)
+        else:
+            b, vals = dense_backward_step(beta_next, lp_t, t == dur, lay, S, None, True, pr)
+            post = jnp.exp(_group_take(alpha_t, lay, None) + vals - tot_safe[:, None]) * scale[:, None]
         glp = jax.ops.segment_sum(jnp.where(lab_ok, post, 0.0).reshape(-1), lab_seg,
                                   num_segments=B * C).reshape(B, C)
         return (b, acc + post), glp
@@ -355,7 +390,7 @@ def _grad_scan(cfg: _Cfg, G: _Graph, lpT, dur, alphas, tot, g, prune):
     if prune is not None:
         xs = xs + (prune[0], prune[1])
     init = (jnp.full(fvec.shape, NEG_INF, dtype), jnp.zeros(lay.score.shape, dtype))
-    (_, acc), glp = lax.scan(step, init, xs, reverse=True)
+    (_, acc), glp = lax.scan(step, init, xs, reverse=True, unroll=UNROLL)
     return glp, acc
 
 

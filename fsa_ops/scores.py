@@ -15,8 +15,8 @@ leading dim ``B``) and return padded arrays instead of k2's ragged ones:
 Algorithm: a ``lax.scan`` over state index (states of a top-sorted FSA are numbered so that every
 arc goes from a lower to a higher state), batched over FSAs.  The per-state step reads a padded
 table of incoming (forward) / leaving (backward) arcs, ``[B, max_states, K]``; ``K`` is the largest
-in/out degree, measured on the host when the arcs are concrete (rounded up to a power of two so
-that similar FSAs share a compiled program) and ``A`` (the padded arc count) when the FSA is traced
+in/out degree, measured on the host when the arcs are concrete (rounded up to a few bucket sizes
+so that similar FSAs share a compiled program) and ``A`` (the padded arc count) when the FSA is traced
 inside a user's ``jit`` (correct, but ``O(states x arcs)`` work: build FSAs outside jit for large
 ones).  Lattices produced by :func:`fsa_ops.dense.intersect_dense` have a frame-synchronous
 structure; their total scores are computed much faster by ``fsa_ops.dense.dense_tot_scores``.
@@ -84,9 +84,13 @@ def is_traced(*xs) -> bool:
 
 
 def bucket(n: int) -> int:
-    """Round up to a power of two (>= 1) so that similar sizes share compiled programs."""
+    """Round up to 1, 2, 3, 4, 6, 8, 12, 16, 24, ... so that similar sizes share compiled programs
+    (steps of at most 1.5x: padding wastes at most a third of the per-step work)."""
     n = max(int(n), 1)
-    return 1 << (n - 1).bit_length()
+    if n <= 4:
+        return n
+    p = 1 << (n - 1).bit_length()          # power of two >= n
+    return p * 3 // 4 if p * 3 // 4 >= n else p
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""Benchmark: dense intersection total score, forward + backward (fsa_ops.dense / graph_ctc).
+
+1. CTC graphs (``ctc_graph(labels)``, one per sequence), B=16, T=500, C=500 symbols, ~100 labels:
+   ``fsa_ops.graph_ctc.ctc_loss`` (output_beam=inf and k2's default 10) next to the dedicated
+   CTC forward-backward ``fsa_ops.ctc.ctc_nll`` (what ``jasr.ctc_loss`` wraps) on the same data.
+2. An LF-MMI-style denominator graph (~10^4 arcs, shared by the batch) on the same log-probs.
+
+Usage: ``python bench/fsa.py [--batch 16 --frames 500 --symbols 500 --labels 100 --reps 5]
+[--out bench/results/fsa.md]``.  Times are the median of ``--reps`` runs of one jitted
+loss+gradient call (``block_until_ready``), after a compile run (reported separately).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fsa_ops.dense import DenseFsaVec, dense_tot_scores  # noqa: E402
+from fsa_ops.fsa import Fsa  # noqa: E402
+from fsa_ops.graph_ctc import ctc_loss  # noqa: E402
+from fsa_ops.graphs import ctc_graph  # noqa: E402
+
+
+def timeit(fn, *args, reps=5):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    compile_s = time.perf_counter() - t0
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), compile_s
+
+
+def den_graph(num_states: int, arcs_per_state: int, num_symbols: int, seed: int = 0) -> Fsa:
+    """Random phone-loop-like denominator graph: every state has `arcs_per_state` arcs to random
+    states (self loops included) with random labels/scores, and an arc to the final state."""
+    rng = np.random.default_rng(seed)
+    S = num_states
+    src = np.repeat(np.arange(S), arcs_per_state)
+    dst = rng.integers(0, S, size=src.size)
+    lab = rng.integers(1, num_symbols, size=src.size)
+    sc = rng.normal(size=src.size).astype(np.float32) * 0.5
+    src = np.concatenate([src, np.arange(S)])
+    dst = np.concatenate([dst, np.full(S, S)])
+    lab = np.concatenate([lab, np.full(S, -1)])
+    sc = np.concatenate([sc, np.zeros(S, np.float32)])
+    return Fsa.from_arcs(src, dst, lab, sc, num_states=S + 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--frames", type=int, default=500)
+    ap.add_argument("--symbols", type=int, default=500)
+    ap.add_argument("--labels", type=int, default=100)
+    ap.add_argument("--den-states", type=int, default=2000)
+    ap.add_argument("--den-arcs-per-state", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=None, help="write a markdown table here")
+    args = ap.parse_args()
+    B, T, C, L = args.batch, args.frames, args.symbols, args.labels
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(B, T, C)).astype(np.float32))
+    lens = rng.integers(int(L * 0.8), L + 1, size=B)
+    labels = np.zeros((B, L), np.int32)
+    for b in range(B):
+        labels[b, :lens[b]] = rng.integers(1, C, size=lens[b])
+    tlen = rng.integers(int(T * 0.8), T + 1, size=B)
+    tlen[0] = T
+    segs = np.stack([np.arange(B), np.zeros(B, int), tlen], 1).astype(np.int32)
+    lpad = (np.arange(L)[None] >= lens[:, None]).astype(np.float32)
+    tpad = (np.arange(T)[None] >= tlen[:, None]).astype(np.float32)
+    graphs = ctc_graph([list(labels[b, :lens[b]]) for b in range(B)])
+    print(f"devices: {jax.devices()}  B={B} T={T} C={C} labels~{L}; ctc graph arcs/seq up to "
+          f"{graphs.src.shape[1]}, states up to {graphs.max_states}", flush=True)
+
+    rows = []
+
+    def graph_loss_fn(graph, beam):
+        def f(x):
+            return ctc_loss(graph, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=beam,
+                            reduction="sum")
+        return jax.jit(jax.value_and_grad(f))
+
+    for beam in (math.inf, 10.0):
+        t, c = timeit(graph_loss_fn(graphs, beam), logits, reps=args.reps)
+        rows.append((f"graph ctc_loss (ctc_graph, output_beam={beam})", t, c))
+        print(rows[-1], flush=True)
+    try:
+        from fsa_ops.ctc import ctc_nll
+
+        def ref(x):
+            return jnp.sum(ctc_nll(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad)))
+        t, c = timeit(jax.jit(jax.value_and_grad(ref)), logits, reps=args.reps)
+        rows.append(("fsa_ops.ctc.ctc_nll (jasr.ctc_loss's kernel)", t, c))
+        print(rows[-1], flush=True)
+    except ImportError as e:
+        print(f"fsa_ops.ctc not available: {e}")
+    import optax
+
+    def ref_optax(x):
+        return jnp.sum(optax.ctc_loss(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad)))
+    t, c = timeit(jax.jit(jax.value_and_grad(ref_optax)), logits, reps=args.reps)
+    rows.append(("optax.ctc_loss", t, c))
+    print(rows[-1], flush=True)
+
+    den = den_graph(args.den_states, args.den_arcs_per_state, C)
+    for beam in (math.inf, 10.0):
+        def fden(x, beam=beam):
+            return jnp.sum(dense_tot_scores(den, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=beam))
+        t, c = timeit(jax.jit(jax.value_and_grad(fden)), logits, reps=args.reps)
+        rows.append((f"denominator graph ({int(den.num_arcs)} arcs, {int(den.num_states)} states, "
+                     f"shared), output_beam={beam}", t, c))
+        print(rows[-1], flush=True)
+
+    lines = [f"# fsa_ops dense intersection benchmark", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+             f"jax {jax.__version__} on {jax.devices()[0].platform}.  B={B}, T={T} (80-100%), C={C}, "
+             f"labels {int(L * 0.8)}-{L}.  Loss + gradient w.r.t. logits, one jitted call; median of "
+             f"{args.reps} runs after a compile run.", "",
+             "| computation | time / call | compile + first call |", "|---|---|---|"]
+    for name, t, c in rows:
+        lines.append(f"| {name} | {t * 1e3:.1f} ms | {c:.1f} s |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
