@@ -212,15 +212,41 @@ def _dense(features, names, *, dtype, param_dtype, name, axis=-1, use_bias=True)
                            bias_init=_p(nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
 
 
+def _query_chunks(lq: int, target: int = 256) -> int:
+    """Number of equal query blocks of at most ``target`` rows (1 when ``lq`` is small or has no such divisor)."""
+    if lq <= 2 * target:
+        return 1
+    for n in range(-(-lq // target), lq // 16 + 1):
+        if lq % n == 0:
+            return n
+    return 1
+
+
 def _attend(q, k, v, bias, dtype, dropout: Optional[nn.Dropout] = None):
-    """q [B,Lq,H,D] (already scaled), k/v [B,Lk,H,D], bias broadcastable to [B,H,Lq,Lk] (float32)."""
-    w = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    if bias is not None:
-        w = w + bias
-    p = jax.nn.softmax(w.astype(jnp.float32), axis=-1)
-    if dropout is not None:
-        p = dropout(p)
-    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(dtype), v.astype(dtype))
+    """q [B,Lq,H,D] (already scaled), k/v [B,Lk,H,D], bias broadcastable to [B,H,Lq,Lk] (float32).
+
+    Scores and softmax are float32. Long unmasked queries (the encoder's 1500) are processed in blocks of <= 256
+    rows with ``lax.map`` so that the score matrix stays in cache: ~3x faster on CPU than one [Lq, Lk] matrix."""
+    qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q, k.astype(q.dtype), v.astype(dtype)))    # [B, H, L, D]
+    k_t = jnp.swapaxes(kt, -1, -2)
+
+    def block(qb, bias_b):
+        w = jnp.matmul(qb, k_t, preferred_element_type=jnp.float32)
+        if bias_b is not None:
+            w = w + bias_b
+        p = jax.nn.softmax(w, axis=-1)
+        if dropout is not None:
+            p = dropout(p)
+        return jnp.matmul(p.astype(dtype), vt, preferred_element_type=jnp.float32).astype(dtype)
+
+    b, h, lq, d = qt.shape
+    n = _query_chunks(lq) if (bias is None and dropout is None) else 1
+    if n == 1:
+        out = block(qt, bias)
+    else:
+        qs = jnp.moveaxis(qt.reshape(b, h, n, lq // n, d), 2, 0)
+        out = jnp.moveaxis(jax.lax.map(lambda qb: block(qb, None), qs), 0, 2).reshape(b, h, lq, d)
+    return jnp.swapaxes(out, 1, 2)
 
 
 class WhisperAttention(nn.Module):
@@ -312,32 +338,35 @@ class WhisperDecoderLayer(nn.Module):
         h = ln("self_attn_layer_norm")(x)
         q = self_attn.query(h)
         k, v = self_attn.keys_values(h)
-        new_cache = None
+        written = None
         if cache is not None:
+            # attend over the cache with this step's keys written in; return only the new keys/values (the
+            # decoder writes them into the stacked cache, so the big buffers are never copied per layer)
             zero = jnp.zeros((), jnp.int32)
             idx = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-            k = jax.lax.dynamic_update_slice(cache["self_k"], k.astype(cache["self_k"].dtype), idx)
-            v = jax.lax.dynamic_update_slice(cache["self_v"], v.astype(cache["self_v"].dtype), idx)
-            new_cache = {"self_k": k, "self_v": v}
+            dt = cache["self_k"].dtype
+            written = {"self_k": k.astype(dt), "self_v": v.astype(dt)}
+            k = jax.lax.dynamic_update_slice(cache["self_k"], written["self_k"], idx)
+            v = jax.lax.dynamic_update_slice(cache["self_v"], written["self_v"], idx)
         x = x + drop(self_attn(q, k, v, self_bias))
 
         h = ln("encoder_attn_layer_norm")(x)
         q = cross_attn.query(h)
         if encoder_hidden is not None:
             ck, cv = cross_attn.keys_values(encoder_hidden)
+            if written is not None:
+                written["cross_k"] = ck.astype(written["self_k"].dtype)
+                written["cross_v"] = cv.astype(written["self_k"].dtype)
         else:
             if cache is None or "cross_k" not in cache:
                 raise ValueError("decoder needs encoder_hidden or a cache holding cross_k/cross_v")
             ck, cv = cache["cross_k"], cache["cross_v"]
-        if new_cache is not None:
-            new_cache["cross_k"] = ck.astype(cache["self_k"].dtype)
-            new_cache["cross_v"] = cv.astype(cache["self_k"].dtype)
         x = x + drop(cross_attn(q, ck, cv, None))
 
         h = ln("final_layer_norm")(x)
         x = x + drop(_mlp(self, h, c.decoder_ffn_dim))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        return x, new_cache
+        return x, written
 
 
 def _layer_stack(layer_cls, n, *, remat: bool, scan: bool, in_axes, **kw):
@@ -466,17 +495,24 @@ class WhisperDecoder(nn.Module):
         if encoder_hidden is not None:
             encoder_hidden = encoder_hidden.astype(self.dtype)
 
-        new_cache = None
         if self.scan_layers:
-            x, new_cache = self.layers(x, cache, encoder_hidden, self_bias, start)
+            x, written = self.layers(x, cache, encoder_hidden, self_bias, start)
         else:
             outs = []
             for i, layer in enumerate(self.layers):
-                layer_cache = None if cache is None else jax.tree_util.tree_map(lambda a: a[i], cache)
-                x, nc = layer(x, layer_cache, encoder_hidden, self_bias, start)
-                outs.append(nc)
-            if cache is not None:
-                new_cache = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
+                layer_cache = None if cache is None else {k: v[i] for k, v in cache.items()}
+                x, w = layer(x, layer_cache, encoder_hidden, self_bias, start)
+                outs.append(w)
+            written = None if cache is None else jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
+        new_cache = None
+        if cache is not None:
+            zero = jnp.zeros((), jnp.int32)
+            idx = (zero, zero, start, zero, zero)
+            new_cache = dict(cache)
+            new_cache["self_k"] = jax.lax.dynamic_update_slice(cache["self_k"], written["self_k"], idx)
+            new_cache["self_v"] = jax.lax.dynamic_update_slice(cache["self_v"], written["self_v"], idx)
+            if encoder_hidden is not None:
+                new_cache["cross_k"], new_cache["cross_v"] = written["cross_k"], written["cross_v"]
         x = self.layer_norm(x)
         logits = jnp.einsum("bld,vd->blv", x, self.embed_tokens.astype(self.dtype),
                             preferred_element_type=jnp.float32)
