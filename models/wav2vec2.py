@@ -30,7 +30,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+
+from fsa_ops.ctc import ctc_nll
 
 Dtype = Any
 NEG_INF = float(np.finfo(np.float32).min)
@@ -687,7 +688,8 @@ class Wav2Vec2ForCTC(nn.Module):
 def wav2vec2_ctc_loss(logits: jax.Array, logit_paddings: jax.Array, labels: jax.Array,
                       label_paddings: jax.Array | None = None, *, blank_id: int = 0, reduction: str = "sum",
                       zero_infinity: bool = False, ignore_index: int = -100) -> jax.Array:
-    """CTC loss as ``Wav2Vec2ForCTC`` computes it (``torch.nn.functional.ctc_loss`` on float32 log-softmax).
+    """CTC loss as ``Wav2Vec2ForCTC`` computes it (``torch.nn.functional.ctc_loss`` on float32 log-softmax),
+    computed by :func:`fsa_ops.ctc.ctc_nll` (fused forward-backward, analytic gradient).
 
     ``labels [B, U]``: entries equal to ``ignore_index`` or ``blank_id`` (or flagged by ``label_paddings``) are
     dropped and the rest packed left. An alignment that cannot exist (fewer frames than labels plus repeats) gives
@@ -705,13 +707,11 @@ def wav2vec2_ctc_loss(logits: jax.Array, logit_paddings: jax.Array, labels: jax.
     pvalid = jnp.take_along_axis(valid, order, axis=-1)
     packed = jnp.where(pvalid, packed, 0)
     lab_pads = (~pvalid).astype(jnp.float32)
-    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    per_row = optax.ctc_loss(logprobs, logit_paddings.astype(jnp.float32), packed, lab_pads, blank_id=blank_id)
-    n_frames = jnp.sum(1.0 - logit_paddings.astype(jnp.float32), axis=-1).round().astype(jnp.int32)
+    per_row = ctc_nll(logits.astype(jnp.float32), jnp.asarray(logit_paddings, jnp.float32), packed, lab_pads,
+                      blank_id=blank_id)  # +inf (zero gradient) where no alignment fits
     n_labels = jnp.sum(pvalid, axis=-1).astype(jnp.int32)
-    repeats = jnp.sum(pvalid[:, 1:] & (packed[:, 1:] == packed[:, :-1]), axis=-1).astype(jnp.int32)
-    feasible = n_frames >= n_labels + repeats
-    per_row = jnp.where(feasible, per_row, 0.0 if zero_infinity else jnp.inf)
+    if zero_infinity:
+        per_row = jnp.where(jnp.isinf(per_row), 0.0, per_row)
     if reduction == "none":
         return per_row
     if reduction == "sum":
