@@ -54,13 +54,21 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.feature = "fbank"            # "fbank" | "mfcc" | "whisper" | "raw" (waveform, for wav2vec2)
     c.data.num_mel_bins = 80
     c.data.normalize = "utterance"      # "none" | "utterance"
-    c.data.batch_size = 16              # utterances per batch (padded rows are masked)
-    c.data.bucket_frames = (200, 400, 800, 1600)   # static frame buckets (input frames or samples for "raw")
-    c.data.max_label_len = 64           # labels padded to a bucket of this many tokens (longer: error)
-    c.data.num_workers = 0              # loader worker processes (0: in-process)
+    c.data.max_frames = 8000            # padded frames per batch (B * T); B per duration bucket = max_frames // T
+    c.data.max_batch_size = 0           # cap on B (0 = none)
+    c.data.num_buckets = 4              # duration buckets at quantiles of the train durations ...
+    c.data.bucket_boundaries = ()       # ... or explicit upper edges in seconds
+    c.data.label_pad_multiple = 8
+    c.data.device_features = False      # load raw audio, compute features on device inside the jitted step
+    c.data.drop_unfit = False           # drop (instead of rejecting) utterances whose labels cannot fit the frames
+    c.data.drop_too_long = False        # drop (instead of rejecting) utterances longer than the last bucket
+    c.data.num_workers = 0              # grain worker processes (0: in-process)
     c.data.shuffle_seed = 0
-    c.data.spec_augment = False
-    c.data.cache_features = True        # keep computed features in memory across epochs
+    c.data.spec_augment = False         # SpecAugment on device (train only)
+    c.data.freq_masks = 2
+    c.data.max_freq_width = 15
+    c.data.time_masks = 2
+    c.data.max_time_width = 20
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "conformer_ctc"
@@ -183,11 +191,17 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                                                    f"got {d.normalize!r}")
     _require(d.sample_rate in (8000, 16000, 22050, 24000, 44100, 48000),
              f"config 'data.sample_rate' must be a standard rate, got {d.sample_rate}")
-    _require(d.batch_size >= 1, f"config 'data.batch_size' must be >= 1, got {d.batch_size}")
-    _require(len(d.bucket_frames) >= 1 and all(isinstance(b, int) and b > 0 for b in d.bucket_frames)
-             and list(d.bucket_frames) == sorted(d.bucket_frames),
-             f"config 'data.bucket_frames' must be increasing positive ints, got {tuple(d.bucket_frames)}")
-    _require(d.max_label_len >= 1, f"config 'data.max_label_len' must be >= 1, got {d.max_label_len}")
+    _require(d.max_frames >= 1, f"config 'data.max_frames' must be >= 1, got {d.max_frames}")
+    _require(d.max_batch_size >= 0, f"config 'data.max_batch_size' must be >= 0, got {d.max_batch_size}")
+    _require(d.num_buckets >= 1, f"config 'data.num_buckets' must be >= 1, got {d.num_buckets}")
+    _require(all(isinstance(b, (int, float)) and b > 0 for b in d.bucket_boundaries)
+             and list(d.bucket_boundaries) == sorted(set(d.bucket_boundaries)),
+             f"config 'data.bucket_boundaries' must be increasing positive seconds, got {tuple(d.bucket_boundaries)}")
+    _require(d.label_pad_multiple >= 1, f"config 'data.label_pad_multiple' must be >= 1, got {d.label_pad_multiple}")
+    for k in ("freq_masks", "max_freq_width", "time_masks", "max_time_width"):
+        _require(d[k] >= 0, f"config 'data.{k}' must be >= 0, got {d[k]}")
+    _require(not (d.device_features and d.feature not in ("fbank", "mfcc", "whisper")),
+             f"config 'data.device_features' needs data.feature fbank/mfcc/whisper, got {d.feature!r}")
     _require(d.num_mel_bins >= 1, f"config 'data.num_mel_bins' must be >= 1, got {d.num_mel_bins}")
     _require(d.num_workers >= 0, f"config 'data.num_workers' must be >= 0, got {d.num_workers}")
     for name in ("demo_num_train", "demo_num_dev", "demo_num_heldout", "demo_max_words"):

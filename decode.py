@@ -1,0 +1,126 @@
+"""Transcribe audio with a trained run and report WER/CER.
+
+usage: python decode.py --workdir DIR [--split NAME | --manifest FILE.jsonl | FILES_OR_FOLDERS ...]
+                        [--checkpoint best|latest|STEP] [--show N] [--output FILE.jsonl]
+
+  --workdir DIR       a folder written by train.py (config.json, tokenizer.json, checkpoints/)
+  --split NAME        a split of the run's config: train, dev, the demo's heldout, data.eval_manifests keys
+  --manifest FILE     any JSONL manifest (id, audio, text, ...); WER/CER when it has transcripts
+  FILES_OR_FOLDERS    audio files, or folders (transcripts from <stem>.txt / *.trans.txt when present)
+  --checkpoint        which checkpoint: best by dev WER (default; the latest if none has a WER), latest, or a step
+  --show N            print N example transcripts (default 5)
+  --output FILE       where to write per-utterance results (default DIR/decode_<split>.jsonl)
+
+Decoding is greedy CTC (best path). Prints WER and CER against the references.
+"""
+import json
+import os
+import sys
+
+
+def _parse(argv):
+    opts = {"workdir": None, "split": None, "manifest": None, "checkpoint": "best", "show": 5, "output": None,
+            "files": []}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, val = a.partition("=")
+        key = name[2:].replace("-", "_") if name.startswith("--") else None
+        if key in opts and key != "files":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{a}: missing value")
+                val = argv[i + 1]
+                i += 1
+            opts[key] = int(val) if key == "show" else val
+        elif a.startswith("-"):
+            raise ValueError(f"unknown option {a!r} (see --help)")
+        else:
+            opts["files"].append(a)
+        i += 1
+    if not opts["workdir"]:
+        raise ValueError("--workdir DIR is required")
+    if sum(bool(x) for x in (opts["split"], opts["manifest"], opts["files"])) != 1:
+        raise ValueError("give exactly one of --split NAME, --manifest FILE or audio files/folders")
+    return opts
+
+
+def _utterances(opts, cfg, root):
+    from jasr.audio import audio_info
+    from jasr.data import Utterance, read_folder, read_manifest
+    from jasr.training import load_split, split_manifests
+    if opts["split"]:
+        manifests = split_manifests(cfg, root)
+        return opts["split"], load_split(cfg, manifests, opts["split"])
+    if opts["manifest"]:
+        if not os.path.exists(opts["manifest"]):
+            raise FileNotFoundError(f"--manifest: {opts['manifest']} does not exist")
+        return os.path.splitext(os.path.basename(opts["manifest"]))[0], read_manifest(opts["manifest"])
+    utts = []
+    for p in opts["files"]:
+        if os.path.isdir(p):
+            try:
+                utts += read_folder(p)
+                continue
+            except ValueError:
+                pass
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"audio file {p!r} does not exist")
+        info = audio_info(p)
+        utts.append(Utterance(id=os.path.splitext(os.path.basename(p))[0], audio_path=os.path.abspath(p),
+                              text="", duration=info.duration, sample_rate=info.sample_rate))
+    return "files", utts
+
+
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    try:
+        opts = _parse(argv)
+    except ValueError as e:
+        print(f"decode.py: error: {e}", file=sys.stderr)
+        return 2
+    import dataclasses
+    import time
+
+    from jasr.training import _eval_jit, enable_compilation_cache, evaluate, load_run, make_eval_loader
+    root = os.path.dirname(os.path.abspath(__file__))
+    enable_compilation_cache(root)
+    try:
+        run = load_run(opts["workdir"], checkpoint=opts["checkpoint"], root=root)
+        cfg, tok, task, state, step = run.config, run.tokenizer, run.task, run.state, run.step
+        name, utts = _utterances(opts, cfg, root)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"decode.py: error: {e}", file=sys.stderr)
+        return 2
+    from jasr.training import batch_config, feature_config
+    texts = {u.id: u.text for u in utts}
+    # utterances without a transcript are decoded with a placeholder label (the loader needs one)
+    placeholder = "<no transcript>"
+    utts = [u if u.text.strip() else dataclasses.replace(u, text=placeholder) for u in utts]
+    label_fn = (lambda text: [1] if text == placeholder else tok.encode(text))
+    loader = make_eval_loader(cfg, utts, tok, feature_config(cfg), batch_config(cfg), edges=run.bucket_edges,
+                              label_fn=label_fn)
+    print(f"[decode] {len(utts)} utterances of {name!r} with checkpoint step {step} of {opts['workdir']}",
+          flush=True)
+    t0 = time.time()
+    m, results = evaluate(state, _eval_jit(task), loader, tok, {k: v for k, v in texts.items() if v.strip()})
+    dt = time.time() - t0
+    out_path = opts["output"] or os.path.join(opts["workdir"], f"decode_{name}.jsonl")
+    with open(out_path, "w") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+    for r in results[:opts["show"]]:
+        print(f"  {r['id']}\n    ref: {r['ref']}\n    hyp: {r['hyp']}")
+    audio_s = sum(u.duration for u in utts)
+    line = f"[decode] {name}: {m['utterances']} utterances"
+    if "wer" in m:
+        line += f", WER {100 * m['wer']:.2f}%, CER {100 * m['cer']:.2f}%"
+    line += f" ({audio_s:.0f} s of audio in {dt:.1f} s); results in {out_path}"
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""Train a speech recogniser from a config file.
+
+usage: python train.py --config configs/NAME.py[:ARG] [--config.SECTION.KEY=VALUE ...] --workdir DIR
+
+  --config FILE          a Python file whose get_config() returns an ml_collections.ConfigDict
+                         (configs/demo.py, configs/fsdd.py, ...); FILE:ARG calls get_config(ARG)
+  --config.KEY=VALUE     override one config value, e.g. --config.optim.lr=3e-4 --config.train.num_steps=100;
+                         the value is parsed as the type of the current value; unknown keys are errors
+  --workdir DIR          run folder: checkpoints/, metrics.jsonl, tb/ (TensorBoard), config.json, tokenizer.json;
+                         if it holds checkpoints the run resumes exactly where it stopped
+  --print-config         print the resolved config and exit
+
+The config is validated before anything starts. See jasr/config.py:base_config() for every key and its default.
+"""
+import os
+import sys
+
+
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        from jasr.config import base_config
+        print("Config keys and defaults:\n" + str(base_config()))
+        return 0
+    from jasr.config import ConfigError, config_from_argv, validate_config
+    try:
+        cfg, rest = config_from_argv(argv)
+        workdir, print_only = None, False
+        i = 0
+        while i < len(rest):
+            a = rest[i]
+            if a == "--workdir" and i + 1 < len(rest):
+                workdir = rest[i + 1]
+                i += 1
+            elif a.startswith("--workdir="):
+                workdir = a.split("=", 1)[1]
+            elif a == "--print-config":
+                print_only = True
+            else:
+                raise ConfigError(f"unknown argument {a!r} (see --help)")
+            i += 1
+        root = os.path.dirname(os.path.abspath(__file__))
+        validate_config(cfg, repo_root=root)
+        if print_only:
+            print(cfg)
+            return 0
+        if not workdir:
+            raise ConfigError("--workdir DIR is required")
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
+    from jasr.training import enable_compilation_cache, train
+    enable_compilation_cache(root)
+    final = train(cfg, workdir, root=root)
+    shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in final.items()
+             if k in ("step", "loss", "dev_wer", "dev_cer", "wall_s", "skipped_total")}
+    print(f"[train] done: {shown}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
