@@ -35,12 +35,13 @@ def timeit(fn, *args, reps=5):
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     compile_s = time.perf_counter() - t0
-    ts = []
+    ts, cs = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         jax.block_until_ready(fn(*args))
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), compile_s
+        cs.append(time.process_time() - c0)
+    return (statistics.median(ts), statistics.median(cs)), compile_s
 
 
 def den_graph(num_states: int, arcs_per_state: int, num_symbols: int, seed: int = 0) -> Fsa:
@@ -129,10 +130,12 @@ def main():
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
              f"jax {jax.__version__} on {jax.devices()[0].platform}.  B={B}, T={T} (80-100%), C={C}, "
              f"labels {int(L * 0.8)}-{L}.  Loss + gradient w.r.t. logits, one jitted call; median of "
-             f"{args.reps} runs after a compile run.", "",
-             "| computation | time / call | compile + first call |", "|---|---|---|"]
-    for name, t, c in rows:
-        lines.append(f"| {name} | {t * 1e3:.1f} ms | {c:.1f} s |")
+             f"{args.reps} runs after a compile run.  Load average at start: {os.getloadavg()[0]:.1f}.", "",
+             "Wall time is what a user waits; process CPU time (all threads) is less sensitive to other "
+             "load on a shared machine.", "",
+             "| computation | wall / call | CPU / call | compile + first call |", "|---|---|---|---|"]
+    for name, (t, cpu), c in rows:
+        lines.append(f"| {name} | {t * 1e3:.1f} ms | {cpu * 1e3:.1f} ms | {c:.1f} s |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
