@@ -20,8 +20,8 @@ from transformers.models.wav2vec2 import modeling_wav2vec2 as hf_mod
 
 import models.wav2vec2_pretrain as w2v_pt
 from models.hf_io import CheckpointKeyError
-from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2ForCTC, compute_mask_indices, feat_extract_output_lengths,
-                             wav2vec2_ctc_loss)
+from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2ForCTC, Wav2Vec2Model, compute_mask_indices, ctc_loss_from_config,
+                             feat_extract_output_lengths, wav2vec2_ctc_loss)
 from models.wav2vec2_hf import (from_pretrained, load_native, params_from_hf_state_dict, params_to_hf_state_dict,
                                 save_native, save_pretrained)
 from models.wav2vec2_pretrain import pretraining_loss, sample_negative_indices
@@ -90,7 +90,6 @@ def test_ctc_forward_matches_transformers(ctc):
     assert feat_extract_output_lengths(cfg, np.array(LENGTHS)).tolist() == ref_mask.sum(-1).tolist()
     np.testing.assert_allclose(out.logits, ref_logits, atol=1e-4, rtol=0)
     np.testing.assert_allclose(out.last_hidden_state, ref_base.last_hidden_state.numpy(), atol=1e-4, rtol=0)
-    from models.wav2vec2 import Wav2Vec2Model
     enc = Wav2Vec2Model(cfg).apply({"params": params["wav2vec2"]}, x, pads)
     ref_feats = ref_base.extract_features.numpy()
     np.testing.assert_allclose(enc.extract_features, ref_feats, atol=1e-4, rtol=0)
@@ -130,9 +129,13 @@ def test_ctc_loss_and_grad_match_transformers(ctc, reduction, zero_infinity):
         full = hf(torch.tensor(x), attention_mask=torch.tensor(am), labels=torch.tensor(labels)).loss
     np.testing.assert_allclose(full.item(), ref.item(), rtol=1e-4)
 
+    out = model.apply({"params": params}, x, pads)
+    pads_f = out.paddings
+    ours_full = ctc_loss_from_config(cfg.replace(ctc_loss_reduction=reduction, ctc_zero_infinity=zero_infinity),
+                                     out, labels)
+    np.testing.assert_allclose(float(ours_full), full.item(), rtol=1e-4)
     loss_fn = lambda lg: wav2vec2_ctc_loss(lg, pads_f, jnp.asarray(labels), blank_id=0, reduction=reduction,
                                            zero_infinity=zero_infinity)
-    pads_f = model.apply({"params": params}, x, pads).paddings
     val, grad = jax.value_and_grad(loss_fn)(jnp.asarray(logits_t.detach().numpy()))
     assert np.isfinite(ref.item())
     np.testing.assert_allclose(float(val), ref.item(), rtol=1e-4)
