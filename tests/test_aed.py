@@ -78,7 +78,7 @@ def test_transformer_encoder_matches_torch(pre_norm):
         params["final_norm"] = _ln(ref_model.norm)
     cfg = TransformerConfig(d_model=D, num_heads=H, num_layers=2, ff_dim=FF, normalize_before=pre_norm,
                             positions="none", dropout_rate=0.0)
-    out, out_pad = TransformerEncoder(cfg).apply({"params": params}, x, pad)
+    out, out_pad = jax.jit(TransformerEncoder(cfg).apply)({"params": params}, x, pad)
     np.testing.assert_array_equal(out_pad, pad)
     valid = pad < 0.5
     np.testing.assert_allclose(np.asarray(out)[valid], ref[valid], rtol=1e-4, atol=1e-4)
@@ -117,7 +117,7 @@ def test_transformer_decoder_matches_torch_and_kv_cache(pre_norm):
                             vocab_size=11, dropout_rate=0.0)
     dec = TransformerDecoder(cfg)
     v = {"params": params}
-    logits = dec.apply(v, tokens, mem, mem_pad)
+    logits = jax.jit(dec.apply)(v, tokens, mem, mem_pad)
     assert logits.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-4, atol=1e-4)
     # incremental decoding with the static KV cache reproduces teacher forcing position by position
@@ -140,19 +140,19 @@ def test_transformer_decoder_scan_and_remat_match_plain():
     def loss(c, p):
         return jnp.sum(jax.nn.log_softmax(TransformerDecoder(c).apply({"params": p}, tokens, mem, mem_pad))[..., 3])
 
-    l0, g0 = jax.value_and_grad(lambda p: loss(cfg, p))(params)
-    l1, g1 = jax.value_and_grad(lambda p: loss(scfg, p))(sparams)
+    l0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(cfg, p)))(params)
+    l1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(scfg, p)))(sparams)
     np.testing.assert_allclose(l0, l1, rtol=1e-5)
     g0s = stack_layers([g0["layers_0"], g0["layers_1"]])
     for a, b in zip(jax.tree_util.tree_leaves(g0s), jax.tree_util.tree_leaves(g1["layers"])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
     # the scanned KV-cache path too
     dec = TransformerDecoder(scfg)
-    full = dec.apply({"params": sparams}, tokens, mem, mem_pad)
+    full = jax.jit(dec.apply)({"params": sparams}, tokens, mem, mem_pad)
     state = dec.apply({"params": sparams}, mem, mem_pad, 5, method=TransformerDecoder.init_state)
+    step = jax.jit(lambda tok, i, st: dec.apply({"params": sparams}, tok, i, st, method=TransformerDecoder.step))
     for i in range(5):
-        out, state = dec.apply({"params": sparams}, jnp.asarray(tokens[:, i]), jnp.int32(i), state,
-                               method=TransformerDecoder.step)
+        out, state = step(jnp.asarray(tokens[:, i]), jnp.int32(i), state)
         np.testing.assert_allclose(np.asarray(out), np.asarray(full)[:, i], rtol=1e-4, atol=1e-4)
 
 
@@ -190,14 +190,15 @@ def test_lstm_decoder_matches_torch():
     cfg = LSTMDecoderConfig(vocab_size=V, memory_dim=D, embed_dim=E, hidden_size=HS, num_layers=L, attention_dim=A,
                             dropout_rate=0.0)
     dec = LSTMDecoder(cfg)
-    logits = dec.apply(v, jnp.asarray(tokens, jnp.int32), mem, mem_pad)
+    logits = jax.jit(dec.apply)(v, jnp.asarray(tokens, jnp.int32), mem, mem_pad)
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-4, atol=1e-4)
     state = dec.apply(v, mem, mem_pad, 0, method=LSTMDecoder.init_state)
+    step = jax.jit(lambda tok, i, st: dec.apply(v, tok, i, st, method=LSTMDecoder.step))
     for i in range(tokens.shape[1]):
-        o, state = dec.apply(v, jnp.asarray(tokens[:, i], jnp.int32), jnp.int32(i), state, method=LSTMDecoder.step)
+        o, state = step(jnp.asarray(tokens[:, i], jnp.int32), jnp.int32(i), state)
         np.testing.assert_allclose(np.asarray(o), ref[:, i], rtol=1e-4, atol=1e-4)
     # remat gives the same numbers
-    np.testing.assert_allclose(np.asarray(LSTMDecoder(cfg.replace(remat=True)).apply(
+    np.testing.assert_allclose(np.asarray(jax.jit(LSTMDecoder(cfg.replace(remat=True)).apply)(
         v, jnp.asarray(tokens, jnp.int32), mem, mem_pad)), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -225,8 +226,9 @@ def test_joint_loss_matches_torch(normalize_length):
     ctc = rng.standard_normal((b, t, v)).astype(np.float32) * 2
     tlen = np.array([12, 9, 5])
     cpad = (np.arange(t)[None] >= tlen[:, None]).astype(np.float32)
-    loss, aux = joint_ctc_attention_loss(att, ctc, cpad, labels, lpad, ctc_weight=lam, label_smoothing=eps,
-                                         sos_id=v - 1, eos_id=v - 1, normalize_length=normalize_length)
+    loss, aux = jax.jit(lambda *a: joint_ctc_attention_loss(
+        *a, ctc_weight=lam, label_smoothing=eps, sos_id=v - 1, eos_id=v - 1,
+        normalize_length=normalize_length))(att, ctc, cpad, labels, lpad)
     # ESPnet LabelSmoothingLoss: KLDiv(log_softmax, smoothed one-hot), summed over valid targets
     kl_sum, n_tok = 0.0, 0
     for i in range(b):
@@ -309,9 +311,14 @@ def test_greedy_matches_teacher_forcing(aed):
     cfg, model, variables, x, pad, _, _ = aed
     max_len = 5
     toks, tpad, scores = jax.jit(lambda v, a, b: greedy_search(model, v, a, b, max_len))(variables, x, pad)
-    enc, enc_pad, _ = model.apply(variables, x, pad, method=AEDModel.encode)
     inp = jnp.concatenate([jnp.full((2, 1), cfg.sos_token, jnp.int32), toks], 1)
-    logp = np.asarray(jax.nn.log_softmax(model.apply(variables, inp, enc, enc_pad, method=AEDModel.decode)))
+
+    @jax.jit
+    def teacher_forced(inp):
+        enc, enc_pad, _ = model.apply(variables, x, pad, method=AEDModel.encode)
+        return jax.nn.log_softmax(model.apply(variables, inp, enc, enc_pad, method=AEDModel.decode))
+
+    logp = np.asarray(teacher_forced(inp))
     for i in range(x.shape[0]):
         n = int((1 - np.asarray(tpad[i])).sum())
         hyp = list(np.asarray(toks[i, :n]))
@@ -324,26 +331,29 @@ def test_greedy_matches_teacher_forcing(aed):
     np.testing.assert_allclose(bscores[:, 0], scores, rtol=1e-5, atol=1e-5)
 
 
-def test_beam_search_is_exact_with_a_wide_beam():
-    """With beam >= all prefixes, beam search must return the best of all sequences (found by enumeration and
-    scored by teacher forcing), and report its score."""
-    cfg = AEDConfig.tiny(4, decoder="transformer", ctc_weight=0.0)
-    model = AEDModel(cfg)
-    x, pad = _feats(cfg, [30, 22], seed=3)
-    labels, lpad = jnp.zeros((2, 1), jnp.int32), jnp.zeros((2, 1))
-    variables = jax.jit(model.init)(jax.random.PRNGKey(4), x, pad, labels, lpad)
-    # sharpen the decoder's output so that scores vary a lot between hypotheses
+def test_beam_search_is_exact_with_a_wide_beam(aed):
+    """With a beam wide enough to keep every prefix, beam search must return the best of all sequences (found by
+    enumeration and scored by teacher forcing) and report its score; n-best sorted best first."""
+    cfg, model, variables, x, pad, _, _ = aed
     variables = jax.tree_util.tree_map(lambda a: a, nn.unbox(variables))
-    variables["params"]["decoder"]["output"]["kernel"] = variables["params"]["decoder"]["output"]["kernel"] * 4.0
+    dec = variables["params"]["decoder"]
+    out = dec["output"] if "output" in dec else dec["step"]["output"]
+    out["kernel"] = out["kernel"] * 4.0  # sharper distributions: hypotheses' scores differ a lot
     max_len, v, eos = 3, cfg.vocab_size, cfg.eos_token
-    toks, tpad, scores = jax.jit(lambda vv, a, b: beam_search(model, vv, a, b, max_len, 27))(variables, x, pad)
-    enc, enc_pad, _ = model.apply(variables, x, pad, method=AEDModel.encode)
+    beam = 1 + (v - 1) + (v - 1) ** 2  # every prefix that must survive the steps before the last one
+    toks, tpad, scores = jax.jit(lambda vv, a, b: beam_search(model, vv, a, b, max_len, beam))(variables, x, pad)
     non_eos = [t for t in range(v) if t != eos]
     hyps = [list(h) for n in range(max_len + 1) for h in itertools.product(non_eos, repeat=n)]
     inp = jnp.asarray([[cfg.sos_token] + h + [eos] * (max_len - len(h)) for h in hyps], jnp.int32)
-    decode = jax.jit(lambda e, ep: jax.nn.log_softmax(model.apply(variables, inp, e, ep, method=AEDModel.decode)))
+
+    @jax.jit
+    def all_scores(i):
+        enc, enc_pad, _ = model.apply(variables, x, pad, method=AEDModel.encode)
+        rep = lambda a: jnp.repeat(jax.lax.dynamic_slice_in_dim(a, i, 1, 0), len(hyps), 0)
+        return jax.nn.log_softmax(model.apply(variables, inp, rep(enc), rep(enc_pad), method=AEDModel.decode))
+
     for i in range(2):
-        logp = np.asarray(decode(jnp.repeat(enc[i:i + 1], len(hyps), 0), jnp.repeat(enc_pad[i:i + 1], len(hyps), 0)))
+        logp = np.asarray(all_scores(i))
         best, best_h = -np.inf, None
         for r, h in enumerate(hyps):
             s = sum(logp[r, j, t] for j, t in enumerate(h)) + (logp[r, len(h), eos] if len(h) < max_len else 0.0)
