@@ -132,18 +132,22 @@ def _predecessors(x, forward_row, skip, fill):
 
 
 def log_ctc_step(log_alpha, lp, valid, forward_row, skip):
-    """One CTC frame in the log semiring (exact range; -inf = impossible).
+    """One CTC frame in the log semiring, renormalised (exact range; -inf = impossible).
 
-    log_alpha [R, S] float32; lp [R, S] log-probabilities of the states' symbols at this frame
-    (-inf on padding states); valid [R] bool (False: padded frame, nothing changes);
-    forward_row [R, 1] bool; skip [R, S] bool. Returns the new log_alpha [R, S]
-    = logsumexp over the (up to three) predecessors + lp.
+    log_alpha [R, S] float32 (max 0, or all -inf once no path is left); lp [R, S] log-probabilities
+    of the states' symbols at this frame (-inf on padding states); valid [R] bool (False: padded
+    frame, nothing changes); forward_row [R, 1] bool; skip [R, S] bool.
+    Returns (new_log_alpha [R, S], offset [R]): logsumexp over the (up to three) predecessors + lp,
+    minus its row maximum `offset` (0 on padded frames). Keeping the values near 0 keeps float32's
+    absolute precision (the offsets are summed separately), which matters for long inputs.
     """
     x0, x1, x2 = _predecessors(log_alpha, forward_row, skip, jnp.float32(-jnp.inf))
     top = jnp.maximum(jnp.maximum(x0, x1), x2)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    pre = top + jnp.log(jnp.exp(x0 - top) + jnp.exp(x1 - top) + jnp.exp(x2 - top))
-    return jnp.where(valid[:, None], pre + lp, log_alpha)
+    post = top + jnp.log(jnp.exp(x0 - top) + jnp.exp(x1 - top) + jnp.exp(x2 - top)) + lp
+    offset = jnp.max(post, axis=-1)
+    offset = jnp.where(valid & jnp.isfinite(offset), offset, 0.0)
+    return jnp.where(valid[:, None], post - offset[:, None], log_alpha), offset
 
 
 def scaled_ctc_step(alpha, emit, valid, forward_row, skip):
@@ -236,37 +240,11 @@ class _Lattice:
 #             log(alpha[b, t]) + sum_{t' <= t} log_scale[b, t'] (beta: sum over t' >= t of row B+b).
 # log_z: total log-likelihood per row (rows b and B+b compute it independently).
 # --------------------------------------------------------------------------------------------
-def _frame_loop(step, init, table, lat: _Lattice, unroll: int):
-    """Runs `step` over frames: forward rows read frame t, backward rows frame T-1-t of `table`
-    [B, T, S]; the new states are written back at those frames (no reversed copies)."""
-    batch, frames, _, states = lat.shape
-    valid = lat.frame_valid
-    outs = (jnp.zeros((batch, frames, states), jnp.float32), jnp.zeros((batch, frames, states), jnp.float32))
-
-    def at(x, t):
-        return jax.lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
-
-    def put(x, value, t):
-        return jax.lax.dynamic_update_index_in_dim(x, value, t, axis=1)
-
-    def body(t, state):
-        carry, outs = state
-        back = frames - 1 - t
-        frame = jnp.concatenate([at(table, t), at(table, back)], axis=0)
-        frame_valid = jnp.concatenate([at(valid, t), at(valid, back)], axis=0)
-        result = step(carry, frame, frame_valid, lat.forward_row, lat.skip)
-        carry = result
-        return carry, (put(outs[0], carry[:batch], t), put(outs[1], carry[batch:], back))
-
-    return jax.lax.fori_loop(0, frames, body, (init, outs), unroll=unroll)
-
-
 def _run_log(lat: _Lattice, unroll: int):
-    batch, frames, _, _ = lat.shape
     init = jnp.where(lat.start, 0.0, -jnp.inf).astype(jnp.float32)
-    last, (alpha, beta) = _frame_loop(log_ctc_step, init, lat.lp, lat, unroll)
-    log_z = jax.nn.logsumexp(jnp.where(lat.final, last, -jnp.inf), axis=-1)
-    return alpha, beta, jnp.zeros((2 * batch, frames), jnp.float32), log_z
+    last, (alpha, beta, log_scale) = _frame_loop(log_ctc_step, init, lat.lp, lat, unroll)
+    log_z = jax.nn.logsumexp(jnp.where(lat.final, last, -jnp.inf), axis=-1) + jnp.sum(log_scale, axis=-1)
+    return alpha, beta, log_scale, log_z
 
 
 def _run_scaled(lat: _Lattice, unroll: int):
@@ -275,14 +253,16 @@ def _run_scaled(lat: _Lattice, unroll: int):
     shift = jnp.max(lat.lp, axis=-1)                                              # [B, T]
     shift = jnp.where(jnp.isfinite(shift) & lat.frame_valid, shift, 0.0)
     emit = jnp.exp(lat.lp - shift[:, :, None])
-    last, (alpha, beta, norm) = _frame_loop_norm(scaled_ctc_step, lat.start.astype(jnp.float32), emit, lat, unroll)
+    last, (alpha, beta, norm) = _frame_loop(scaled_ctc_step, lat.start.astype(jnp.float32), emit, lat, unroll)
     log_scale = jnp.log(norm) + jnp.concatenate([shift, shift], axis=0)
     log_z = jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1)) + jnp.sum(log_scale, axis=-1)
     return alpha, beta, log_scale, log_z
 
 
-def _frame_loop_norm(step, init, table, lat: _Lattice, unroll: int):
-    """`_frame_loop` for steps that also return a per-row norm [R] (stored at the row's frame)."""
+def _frame_loop(step, init, table, lat: _Lattice, unroll: int):
+    """Runs `step(carry, frame [R, S], valid [R], forward_row, skip) -> (carry, norm [R])` over
+    frames: forward rows read frame t, backward rows frame T-1-t of `table` [B, T, S]; carries and
+    norms are written back at those frames (no reversed copies are made)."""
     batch, frames, _, states = lat.shape
     valid = lat.frame_valid
     outs = (jnp.zeros((batch, frames, states), jnp.float32), jnp.zeros((batch, frames, states), jnp.float32),
@@ -347,17 +327,23 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
 
 def ctc_occupancy(lat: _Lattice, tables, log_z, used_log):
     """State occupancies gamma [B, T, S] = P(the path is in state s at frame t): 0 on padded frames,
-    padding states and sequences with log_z = -inf. gamma = alpha_post * beta_incl / p(emission)."""
-    batch = lat.shape[0]
-    alpha, beta, log_scale = tables
-    cum_alpha = jnp.cumsum(log_scale[:batch], axis=1)
-    cum_beta = jax.lax.cumsum(log_scale[batch:], axis=1, reverse=True)
-    log_alpha = jnp.where(used_log, alpha, jnp.log(alpha)) + cum_alpha[:, :, None]
-    log_beta = jnp.where(used_log, beta, jnp.log(beta)) + cum_beta[:, :, None]
-    usable = jnp.isfinite(log_z)
-    log_z_safe = jnp.where(usable, log_z, 0.0)[:, None, None]
-    keep = usable[:, None, None] & lat.frame_valid[:, :, None] & jnp.isfinite(lat.lp)
-    return jnp.where(keep, jnp.exp(log_alpha + log_beta - lat.lp - log_z_safe), 0.0)
+    padding states and sequences with log_z = -inf.
+
+    gamma[t] = alpha_post[t] * beta_incl[t] / p(emission at t), normalised over s within each frame
+    (it sums to 1 there), so the per-frame scales of the tables cancel and no large cumulative
+    log-scale enters: the result keeps float32 precision for any T.
+    """
+    alpha, beta, _ = tables
+    log_alpha = jnp.where(used_log, alpha, jnp.log(alpha))
+    log_beta = jnp.where(used_log, beta, jnp.log(beta))
+    keep = lat.frame_valid[:, :, None] & jnp.isfinite(lat.lp)
+    scores = jnp.where(keep, log_alpha + log_beta - jnp.where(keep, lat.lp, 0.0), -jnp.inf)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    unnormalised = jnp.exp(scores - top)
+    total = jnp.sum(unnormalised, axis=-1, keepdims=True)
+    usable = jnp.isfinite(log_z)[:, None, None] & (total > 0)
+    return jnp.where(usable, unnormalised / jnp.where(usable, total, 1.0), 0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,391 @@
+"""jasr.ctc_loss / fsa_ops.ctc against independent references: torch.nn.functional.ctc_loss in
+float64, optax.ctc_loss, a brute-force sum over all alignments (numpy float64) and finite
+differences of that brute force. Shapes are bucketed so that each jitted function compiles once."""
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from fsa_ops.ctc import ctc_forward_backward, ctc_nll
+from jasr.losses import ctc_loss
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+
+
+def torch_ctc(logits, frame_lengths, labels, label_lengths, blank_id=0, reduction="none",
+              zero_infinity=False, log_probs=False):
+    """float64 torch loss (with the given zero_infinity) and the gradient of the summed loss with
+    zero_infinity=True (torch's gradient of an infinite loss is NaN; ours is 0)."""
+    def run(zero_inf):
+        x = torch.tensor(np.asarray(logits, np.float64), requires_grad=True)
+        lp = x if log_probs else torch.log_softmax(x, dim=-1)
+        loss = torch.nn.functional.ctc_loss(
+            lp.transpose(0, 1), torch.tensor(np.asarray(labels), dtype=torch.long),
+            torch.tensor(np.asarray(frame_lengths), dtype=torch.long),
+            torch.tensor(np.asarray(label_lengths), dtype=torch.long), blank=blank_id,
+            reduction=reduction, zero_infinity=zero_inf)
+        return x, loss
+    _, loss = run(zero_infinity)
+    x, safe = run(True)
+    safe.sum().backward()
+    return loss.detach().numpy(), x.grad.numpy()
+
+
+def collapse(path, blank_id):
+    out, prev = [], None
+    for k in path:
+        if k != prev and k != blank_id:
+            out.append(k)
+        prev = k
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def alignment_table(frames, classes, label_seq, blank_id):
+    """All K^T paths [P, T] and the mask of those that collapse to label_seq."""
+    paths = np.array(list(itertools.product(range(classes), repeat=frames)), np.int64).reshape(-1, frames)
+    mask = np.array([collapse(p, blank_id) == label_seq for p in paths], bool)
+    return paths, mask
+
+
+def brute_force_nll(logits, label_seq, blank_id=0, log_probs=False):
+    """-log sum over alignments of prod p(path_t | t) for one sequence [T, K] (float64)."""
+    logits = np.asarray(logits, np.float64)
+    frames, classes = logits.shape
+    lp = logits if log_probs else logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    paths, mask = alignment_table(frames, classes, tuple(label_seq), blank_id)
+    if not mask.any():
+        return np.inf
+    scores = lp[np.arange(frames)[None, :], paths[mask]].sum(axis=1)
+    return -np.logaddexp.reduce(scores)
+
+
+def finite_difference_grad(fn, x, eps=1e-6):
+    x = np.asarray(x, np.float64)
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        grad[idx] = (fn(up) - fn(down)) / (2 * eps)
+    return grad
+
+
+def paddings_from_lengths(lengths, size):
+    return (np.arange(size)[None, :] >= np.asarray(lengths)[:, None]).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared jitted functions (compiled once per static configuration)
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("blank_id", "method", "log_probs", "zero_infinity"))
+def loss_and_grad(logits, logit_paddings, labels, label_paddings, blank_id=0, method="log",
+                  log_probs=False, zero_infinity=False):
+    """Per-sequence loss [B] and the gradient of sum(loss) (cotangent 1 for every row)."""
+    def fn(x):
+        return ctc_loss(x, logit_paddings, labels, label_paddings, blank_id, method=method,
+                        log_probs=log_probs, zero_infinity=zero_infinity)
+    loss, vjp = jax.vjp(fn, logits)
+    return loss, vjp(jnp.ones_like(loss))[0]
+
+
+B, T, K, N = 4, 10, 5, 4   # the hypothesis bucket
+
+
+@st.composite
+def ctc_batches(draw, blank_choices=(0, K - 1), scales=(0.1, 1.0, 4.0, 30.0)):
+    blank_id = draw(st.sampled_from(blank_choices))
+    non_blank = [k for k in range(K) if k != blank_id]
+    frame_lengths = draw(st.lists(st.integers(0, T), min_size=B, max_size=B))
+    label_lengths = draw(st.lists(st.integers(0, N), min_size=B, max_size=B))
+    # A small alphabet makes repeated labels (which need an extra blank frame) common.
+    labels = np.array(draw(st.lists(st.lists(st.sampled_from(non_blank[:3]), min_size=N, max_size=N),
+                                    min_size=B, max_size=B)), np.int32)
+    scale = draw(st.sampled_from(scales))
+    seed = draw(st.integers(0, 2**31 - 1))
+    logits = (np.random.default_rng(seed).normal(size=(B, T, K)) * scale).astype(np.float32)
+    return logits, np.array(frame_lengths), labels, np.array(label_lengths), blank_id
+
+
+def _feasible(frame_lengths, labels, label_lengths):
+    out = []
+    for t, lab, n in zip(frame_lengths, labels, label_lengths):
+        repeats = int(np.sum(lab[1:n] == lab[:n - 1])) if n > 1 else 0
+        out.append(t >= n + repeats)
+    return np.array(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Property tests against torch (float64) and optax
+# ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(ctc_batches())
+def test_matches_torch_and_optax(batch):
+    logits, frame_lengths, labels, label_lengths, blank_id = batch
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id)
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths, blank_id)
+    loss, grad = np.asarray(loss), np.asarray(grad)
+    feasible = _feasible(frame_lengths, labels, label_lengths)
+    assert np.all(np.isposinf(loss[~feasible])) and np.all(np.isposinf(ref_loss[~feasible]))
+    np.testing.assert_allclose(loss[feasible], ref_loss[feasible], rtol=2e-5, atol=2e-4)
+    np.testing.assert_allclose(grad, ref_grad, atol=1e-4)
+    assert np.all(grad[~feasible] == 0) and np.all(np.isfinite(grad))
+    for b in range(B):   # padded frames get no gradient
+        assert np.all(grad[b, frame_lengths[b]:] == 0)
+    opt = np.asarray(optax.ctc_loss(logits, fp, labels, lpad, blank_id=blank_id))
+    np.testing.assert_allclose(loss[feasible], opt[feasible], rtol=1e-4, atol=1e-3)
+
+
+@settings(max_examples=15, deadline=None)
+@given(ctc_batches(blank_choices=(0,), scales=(1.0, 30.0, 300.0)))
+def test_auto_method_matches_torch_even_with_extreme_logits(batch):
+    logits, frame_lengths, labels, label_lengths, blank_id = batch
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id, method="auto")
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths, blank_id)
+    feasible = _feasible(frame_lengths, labels, label_lengths)
+    np.testing.assert_allclose(np.asarray(loss)[feasible], ref_loss[feasible], rtol=2e-5, atol=2e-3)
+    assert np.all(np.isposinf(np.asarray(loss)[~feasible]))
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-3)   # logits up to ~1e3: float32 ulp 6e-5
+
+
+def test_scaled_method_matches_torch_and_auto_falls_back_when_it_underflows():
+    rng = np.random.default_rng(1)
+    frame_lengths, label_lengths = np.array([10, 9, 7, 10]), np.array([4, 3, 2, 0])
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    moderate = rng.normal(size=(B, T, K)).astype(np.float32) * 2
+    loss, grad = loss_and_grad(moderate, fp, labels, lpad, method="scaled")
+    ref_loss, ref_grad = torch_ctc(moderate, frame_lengths, labels, label_lengths)
+    np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=2e-5, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-4)
+    # Extreme logits: the rescaled recursion loses mass (float32 range), 'auto' notices and recomputes.
+    extreme = moderate * 150
+    *_, used_log = ctc_forward_backward(jnp.asarray(extreme), fp, labels, lpad, method="auto")
+    _, _, scaled_z, _ = ctc_forward_backward(jnp.asarray(extreme), fp, labels, lpad, method="scaled")
+    ref_loss, ref_grad = torch_ctc(extreme, frame_lengths, labels, label_lengths)
+    assert bool(used_log)
+    assert not np.allclose(-np.asarray(scaled_z), ref_loss, rtol=1e-4)   # the failure 'auto' guards against
+    loss, grad = loss_and_grad(extreme, fp, labels, lpad, method="auto")
+    np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-3)   # logits ~1e3: float32 ulp 6e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# Brute force and finite differences on tiny cases (every alignment enumerated)
+# ----------------------------------------------------------------------------------------------
+
+TINY = [  # (frames, label sequence, blank_id)
+    (6, (1, 2), 0),
+    (6, (1, 1), 0),        # repeat: needs a blank in between
+    (5, (), 0),            # empty label sequence: all blanks
+    (6, (2, 2, 2), 0),     # needs 5 frames
+    (4, (0, 1), 2),        # blank_id = 2, label 0 is a real class
+    (3, (1, 1), 0),        # exactly fits (1, blank, 1)
+]
+
+
+@pytest.mark.parametrize("frames,label_seq,blank_id", TINY)
+def test_brute_force_and_finite_differences(frames, label_seq, blank_id):
+    classes, tb, nb = 3, 6, 3          # padded bucket for the jitted function
+    rng = np.random.default_rng(frames * 7 + len(label_seq))
+    logits = rng.normal(size=(1, tb, classes)).astype(np.float32) * 1.5
+    labels = np.zeros((1, nb), np.int32)
+    labels[0, :len(label_seq)] = label_seq
+    fp, lpad = paddings_from_lengths([frames], tb), paddings_from_lengths([len(label_seq)], nb)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id)
+    valid = logits[0, :frames].astype(np.float64)
+    expected = brute_force_nll(valid, label_seq, blank_id)
+    np.testing.assert_allclose(float(loss[0]), expected, rtol=1e-5)
+    fd = finite_difference_grad(lambda x: brute_force_nll(x, label_seq, blank_id), valid)
+    np.testing.assert_allclose(np.asarray(grad)[0, :frames], fd, atol=2e-5)
+    assert np.all(np.asarray(grad)[0, frames:] == 0)
+    # log_probs=True: the gradient is d/d(log-probs) with the log-probs as free variables.
+    lp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    loss_lp, grad_lp = loss_and_grad(lp, fp, labels, lpad, blank_id=blank_id, log_probs=True)
+    np.testing.assert_allclose(float(loss_lp[0]), expected, rtol=1e-5)
+    valid_lp = lp[0, :frames].astype(np.float64)
+    fd_lp = finite_difference_grad(lambda x: brute_force_nll(x, label_seq, blank_id, log_probs=True), valid_lp)
+    np.testing.assert_allclose(np.asarray(grad_lp)[0, :frames], fd_lp, atol=2e-5)
+
+
+def test_log_probs_gradient_composes_like_torch():
+    """-occupancy through log_softmax equals the logits gradient; torch's own log_probs gradient is
+    exp(lp) - occupancy (it assumes a log_softmax follows), i.e. ours + exp(lp)."""
+    rng = np.random.default_rng(3)
+    frame_lengths, label_lengths = np.array([10, 8, 6, 3]), np.array([3, 4, 1, 0])
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    logits = rng.normal(size=(B, T, K)).astype(np.float32)
+    lp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    _, grad_logits = loss_and_grad(logits, fp, labels, lpad)
+    _, grad_lp = loss_and_grad(lp, fp, labels, lpad, log_probs=True)
+    through_softmax = jax.vjp(lambda x: jax.nn.log_softmax(x, axis=-1), jnp.asarray(logits))[1](grad_lp)[0]
+    np.testing.assert_allclose(np.asarray(through_softmax), np.asarray(grad_logits), atol=1e-5)
+    _, torch_grad_lp = torch_ctc(lp, frame_lengths, labels, label_lengths, log_probs=True)
+    valid = paddings_from_lengths(frame_lengths, T)[:, :, None] == 0
+    np.testing.assert_allclose(np.asarray(grad_lp) + np.exp(lp) * valid, torch_grad_lp, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Edge cases, options, transformations
+# ----------------------------------------------------------------------------------------------
+
+
+def test_infeasible_and_empty_sequences():
+    logits = np.random.default_rng(4).normal(size=(B, T, K)).astype(np.float32)
+    labels = np.array([[1, 1, 1, 1], [1, 2, 3, 4], [1, 2, 0, 0], [3, 3, 0, 0]], np.int32)
+    frame_lengths = np.array([6, 10, 0, 0])    # 4 repeats of 1 need 7 frames; empty inputs
+    label_lengths = np.array([4, 4, 2, 0])     # last: empty input and empty labels -> loss 0
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad)
+    assert np.isposinf(loss[0]) and np.isfinite(loss[1]) and np.isposinf(loss[2]) and loss[3] == 0
+    assert np.all(np.asarray(grad)[[0, 2, 3]] == 0) and np.all(np.isfinite(grad))
+    loss_z, grad_z = loss_and_grad(logits, fp, labels, lpad, zero_infinity=True)
+    np.testing.assert_array_equal(np.asarray(loss_z), np.where(np.isinf(loss), 0.0, loss))
+    np.testing.assert_array_equal(np.asarray(grad_z), np.asarray(grad))
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths, zero_infinity=True)
+    np.testing.assert_allclose(np.asarray(loss_z), ref_loss, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad_z), ref_grad, atol=1e-5)
+
+
+def test_zero_probability_alignments_give_inf_not_nan():
+    """log_probs with -inf entries: only impossible paths -> +inf loss, zero (finite) gradient."""
+    lp = np.full((B, T, K), np.log(1.0 / K), np.float32)
+    lp[0, :, 1] = -np.inf                     # label 1 can never be emitted in row 0
+    labels = np.array([[1, 2, 0, 0]] * B, np.int32)
+    fp, lpad = paddings_from_lengths([T] * B, T), paddings_from_lengths([2] * B, N)
+    loss, grad = loss_and_grad(lp, fp, labels, lpad, log_probs=True)
+    assert np.isposinf(loss[0]) and np.all(np.isfinite(loss[1:]))
+    assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[0] == 0)
+    ref_loss, _ = torch_ctc(lp[1:], [T] * (B - 1), labels[1:], [2] * (B - 1), log_probs=True)
+    np.testing.assert_allclose(np.asarray(loss[1:]), ref_loss, rtol=1e-5)
+
+
+def test_reductions_match_torch():
+    rng = np.random.default_rng(5)
+    frame_lengths, label_lengths = np.array([10, 7, 9, 2]), np.array([4, 2, 0, 4])   # last infeasible
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    labels[3] = [1, 2, 3, 4]
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    logits = jnp.asarray(rng.normal(size=(B, T, K)).astype(np.float32))
+    for reduction in ("sum", "mean"):
+        def fn(x):
+            return ctc_loss(x, fp, labels, lpad, reduction=reduction, zero_infinity=True)
+        value, grad = jax.jit(jax.value_and_grad(fn))(logits)
+        ref, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths, reduction=reduction,
+                                  zero_infinity=True)
+        np.testing.assert_allclose(float(value), float(ref), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-5)
+    assert np.isposinf(float(ctc_loss(logits, fp, labels, lpad, reduction="sum")))
+
+
+def test_padded_frames_anywhere_are_skipped():
+    """Holes in logit_paddings (allowed by optax): same as removing those frames."""
+    rng = np.random.default_rng(6)
+    logits = rng.normal(size=(B, T, K)).astype(np.float32)
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    fp = (rng.uniform(size=(B, T)) < 0.3).astype(np.float32)
+    lpad = paddings_from_lengths([2, 3, 1, 0], N)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad)
+    np.testing.assert_allclose(np.asarray(loss), np.asarray(optax.ctc_loss(logits, fp, labels, lpad)),
+                               rtol=1e-5, atol=1e-4)
+    for b in range(B):
+        keep = fp[b] == 0
+        ref_loss, ref_grad = torch_ctc(logits[b:b + 1, keep], [keep.sum()], labels[b:b + 1],
+                                       [int((lpad[b] == 0).sum())])
+        np.testing.assert_allclose(float(loss[b]), ref_loss[0], rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(grad)[b, keep], ref_grad[0], atol=1e-5)
+        assert np.all(np.asarray(grad)[b, ~keep] == 0)
+
+
+def test_long_input_no_overflow():
+    """T = 5000 frames, peaky logits: finite and equal to torch float64."""
+    rng = np.random.default_rng(7)
+    b, t, k, n = 2, 5000, 6, 40
+    logits = (rng.normal(size=(b, t, k)) * 8).astype(np.float32)
+    labels = rng.integers(1, k, size=(b, n)).astype(np.int32)
+    frame_lengths, label_lengths = np.array([5000, 4321]), np.array([40, 33])
+    fp, lpad = paddings_from_lengths(frame_lengths, t), paddings_from_lengths(label_lengths, n)
+    loss, grad = jax.jit(jax.vmap(jax.value_and_grad(lambda x, f, l, p: ctc_loss(x[None], f[None], l[None], p[None])[0])))(
+        jnp.asarray(logits), fp, labels, lpad)
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
+    assert np.all(np.isfinite(np.asarray(grad)))
+    np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5)
+    # float32 rounding accumulated over 5000 frames (values stay normalised per frame).
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=5e-4)
+
+
+def test_bfloat16_inputs_accumulate_in_float32():
+    rng = np.random.default_rng(8)
+    frame_lengths, label_lengths = np.array([10, 9, 8, 10]), np.array([4, 3, 2, 1])
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    logits16 = jnp.asarray(rng.normal(size=(B, T, K)) * 3, jnp.bfloat16)
+    loss, grad = loss_and_grad(logits16, fp, labels, lpad)
+    assert loss.dtype == jnp.float32 and grad.dtype == jnp.bfloat16
+    ref_loss, ref_grad = torch_ctc(np.asarray(logits16.astype(jnp.float32)), frame_lengths, labels, label_lengths)
+    np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5)     # float32 accuracy, not bf16's
+    np.testing.assert_allclose(np.asarray(grad.astype(jnp.float32)), ref_grad, atol=1e-2)
+
+
+def test_vmap_matches_flat_batch():
+    rng = np.random.default_rng(9)
+    logits = rng.normal(size=(2, B, T, K)).astype(np.float32)
+    labels = rng.integers(1, K, size=(2, B, N)).astype(np.int32)
+    fp = np.stack([paddings_from_lengths([10, 9, 5, 7], T), paddings_from_lengths([3, 10, 10, 8], T)])
+    lpad = np.stack([paddings_from_lengths([4, 2, 1, 0], N), paddings_from_lengths([1, 4, 3, 2], N)])
+    vmapped = jax.jit(jax.vmap(jax.grad(lambda x, f, l, p: ctc_loss(x, f, l, p).sum())))(logits, fp, labels, lpad)
+    loss, grad = loss_and_grad(logits.reshape(2 * B, T, K), fp.reshape(2 * B, T),
+                               labels.reshape(2 * B, N), lpad.reshape(2 * B, N))
+    np.testing.assert_allclose(np.asarray(vmapped).reshape(2 * B, T, K), np.asarray(grad), atol=1e-6)
+
+
+def test_invalid_labels_under_jit_give_nan():
+    logits = np.zeros((B, T, K), np.float32)
+    labels = np.array([[1, 2, 0, 0], [0, 1, 0, 0], [1, K, 0, 0], [2, 2, 0, 0]], np.int32)
+    lpad = paddings_from_lengths([2, 2, 2, 2], N)   # row 1 has the blank, row 2 label K
+    loss = jax.jit(ctc_loss)(logits, np.zeros((B, T), np.float32), labels, lpad)
+    assert np.isfinite(loss[0]) and np.isnan(loss[1]) and np.isnan(loss[2]) and np.isfinite(loss[3])
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(labels=np.array([[1, 0]] * 2, np.int32), label_paddings=np.zeros((2, 2), np.float32)), "blank_id"),
+    (dict(labels=np.array([[1, 7]] * 2, np.int32), label_paddings=np.zeros((2, 2), np.float32)), "outside"),
+    (dict(label_paddings=np.array([[1, 0]] * 2, np.float32)), "right-padded"),
+    (dict(logit_paddings=np.full((2, 3), 0.5, np.float32)), "logit_paddings"),
+    (dict(logits=np.zeros((2, 3), np.float32)), "logits"),
+    (dict(logit_paddings=np.zeros((2, 4), np.float32)), "logit_paddings"),
+    (dict(labels=np.zeros((3, 2), np.int32)), "labels"),
+    (dict(labels=np.ones((2, 2), np.float32)), "labels"),
+    (dict(blank_id=5), "blank_id"),
+    (dict(reduction="avg"), "reduction"),
+])
+def test_bad_input_raises_clear_error(change, message):
+    args = dict(logits=np.zeros((2, 3, 5), np.float32), logit_paddings=np.zeros((2, 3), np.float32),
+                labels=np.array([[1, 2]] * 2, np.int32), label_paddings=np.array([[0, 1]] * 2, np.float32))
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=message):
+        ctc_loss(**args)
+
+
+def test_fsa_ops_entry_point_is_the_same_function():
+    rng = np.random.default_rng(10)
+    logits = rng.normal(size=(B, T, K)).astype(np.float32)
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    fp, lpad = paddings_from_lengths([10, 9, 5, 7], T), paddings_from_lengths([4, 2, 1, 0], N)
+    np.testing.assert_allclose(np.asarray(ctc_nll(logits, fp, labels, lpad)),
+                               np.asarray(loss_and_grad(logits, fp, labels, lpad)[0]), rtol=1e-6)
