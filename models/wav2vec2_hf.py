@@ -157,7 +157,7 @@ def params_from_hf_state_dict(state_dict: Mapping[str, np.ndarray], config: Wav2
             if fresh is None:
                 x = jnp.zeros((1, config.receptive_field), jnp.float32)
                 fresh = traverse_util.flatten_dict(
-                    nn.unbox(build_model(config, head).init(init_missing, x))["params"])
+                    nn.unbox(jax.jit(build_model(config, head).init)(init_missing, x))["params"])
             arr = np.asarray(fresh[path] if idx is None else fresh[path][idx], np.float32)
         else:
             raw = keys.take(found)

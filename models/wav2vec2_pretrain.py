@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
 from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2Model, _dense, _part, _torch_linear_init,
-                             compute_mask_indices, spec_augment_masks)
+                             compute_mask_indices, feat_extract_output_lengths, frame_paddings, spec_augment_masks)
 
 __all__ = [
     "compute_mask_indices", "spec_augment_masks", "sample_negative_indices", "gumbel_quantize",
@@ -206,8 +206,6 @@ def sample_pretraining_inputs(key: jax.Array, config: Wav2Vec2Config, batch: int
                               mask_length: int | None = None, min_masks: int | None = None):
     """``(mask_time_indices [B, T], sampled_negative_indices [B, T, K])`` for a batch of ``num_samples`` audio:
     spans as configured (``mask_time_*``, overridable), restricted to valid frames, and negatives among them."""
-    from models.wav2vec2 import feat_extract_output_lengths, frame_paddings
-
     t = feat_extract_output_lengths(config, int(num_samples))
     if t < 1:
         raise ValueError(f"audio of {num_samples} samples is shorter than the receptive field "
