@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax

@@ -16,7 +16,6 @@ outside the model from explicit keys (as the transformers example does with its 
 """
 from __future__ import annotations
 
-from typing import Any
 
 import flax.linen as nn
 import flax.struct

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 from transformers import Wav2Vec2Config as HFConfig
 from transformers import Wav2Vec2ForCTC as HFForCTC
 from transformers import Wav2Vec2ForPreTraining as HFForPreTraining
