@@ -192,7 +192,7 @@ def frame_paddings(config: Wav2Vec2Config, paddings: jax.Array, num_frames: int)
 
 def check_audio(config: Wav2Vec2Config, input_values, paddings=None) -> None:
     """Clear errors for bad audio input (shape, length below the receptive field). Per-row length checks run only on
-    concrete (non-traced) paddings."""
+    concrete (non-traced) paddings; fully padded rows (batch fillers) are allowed and give all-padded frames."""
     if input_values.ndim != 2:
         raise ValueError(f"input_values must be [batch, samples], got shape {tuple(input_values.shape)}")
     n = input_values.shape[1]
@@ -207,7 +207,7 @@ def check_audio(config: Wav2Vec2Config, input_values, paddings=None) -> None:
     if isinstance(paddings, jax.core.Tracer):
         return
     lengths = np.round(np.sum(1.0 - np.asarray(paddings, np.float32), axis=-1)).astype(np.int64)
-    short = np.nonzero(lengths < config.receptive_field)[0]
+    short = np.nonzero((lengths > 0) & (lengths < config.receptive_field))[0]  # empty filler rows are fine
     if short.size:
         raise ValueError(f"rows {short.tolist()} have {lengths[short].tolist()} valid samples, fewer than the "
                          f"receptive field of the Wav2Vec2 feature encoder ({config.receptive_field} samples)")

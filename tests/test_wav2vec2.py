@@ -492,6 +492,9 @@ def test_bad_input_errors(ctc):
     x, _, pads = _batch(lengths=[1600, 20])
     with pytest.raises(ValueError, match=r"rows \[1\]"):
         model.apply({"params": params}, x, pads)
+    x, _, pads = _batch(lengths=[1600, 0])  # an empty filler row is fine: all its frames are padding
+    out = model.apply({"params": params}, x, pads)
+    assert np.asarray(out.paddings)[1].all() and np.isfinite(np.asarray(out.logits)).all()
     with pytest.raises(ValueError, match=r"\[batch, samples\]"):
         model.apply({"params": params}, np.zeros((1600,), np.float32))
     with pytest.raises(NotImplementedError, match="adapter"):
