@@ -1,4 +1,5 @@
 """fsa_ops.dense / graph_ctc / pruned against brute force (graph paths x frames), optax and fsa_ops.ctc."""
+import functools
 import math
 
 import jax
@@ -95,11 +96,23 @@ def _tot_and_grads(graph, lp, segs, beam):
     return tot, g_lp, g_sc
 
 
+@functools.partial(jax.jit, static_argnums=3)
+def _traced_tot_and_grads(g, lp, segs, beam):
+    """Graphs traced inside jit: the segment (scatter) layout instead of the host-built tables."""
+    def f(lp_, score):
+        return jnp.sum(dense_tot_scores(g.replace(score=score), DenseFsaVec(lp_, segs), output_beam=beam))
+    return dense_tot_scores(g, DenseFsaVec(lp, segs), output_beam=beam), jax.grad(f, argnums=(0, 1))(lp, g.score)
+
+
 @SETTINGS
 @given(graphs, dense_inputs(), st.sampled_from([math.inf, 1.0]))
 def test_dense_tot_scores_and_grads_match_enumeration(graph, dense, beam):
     lp, segs = dense
     tot, g_lp, g_sc = _tot_and_grads(graph, lp, segs, beam)
+    t_tot, (t_glp, t_gsc) = _traced_tot_and_grads(graph.to_jax(), jnp.asarray(lp), jnp.asarray(segs), beam)
+    _close(t_tot, tot)
+    _close(t_glp, g_lp)
+    _close(t_gsc, g_sc)
     assert not np.any(np.isnan(np.asarray(g_lp))) and not np.any(np.isnan(np.asarray(g_sc)))
     ref_glp = np.zeros(lp.shape)
     for b in range(B):
@@ -292,11 +305,14 @@ def _greedy_k1(graph, lp, seg):
             cand[int(f.dst[a])] = max(cand.get(int(f.dst[a]), -math.inf), s)
         if not cand:
             return -math.inf
+        ranked = sorted(cand.values(), reverse=True)
+        if len(ranked) > 1 and ranked[0] - ranked[1] < 1e-4:
+            return None       # a tie: which state survives is arbitrary (both searches are right)
         state, score = max(cand.items(), key=lambda x: x[1])
     return score
 
 
-@SETTINGS
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs, dense_inputs())
 def test_pruned_wide_beam_equals_intersect_dense_and_k1_is_greedy(graph, dense):
     lp, segs = dense
@@ -314,7 +330,9 @@ def test_pruned_wide_beam_equals_intersect_dense_and_k1_is_greedy(graph, dense):
         _close(ref_log[b], r_tot)
         _close(tot_trop[b], r_best)
         g1 = _greedy_k1(graph[b], lp, segs[b])
-        if math.isfinite(g1):
+        if g1 is None:
+            assert float(k1[b]) <= r_best + 1e-4
+        elif math.isfinite(g1):
             # ties between equally good states may be broken differently: compare scores only
             assert float(k1[b]) <= r_best + 1e-4
             _close(k1[b], g1)
