@@ -11,16 +11,21 @@ How it is computed (probability semiring; log-domain results):
     array: rows 0..B-1 consume frame t (taking mass from states s-1, s-2), rows B..2B-1 consume
     frame T-1-t (taking mass from s+1, s+2). The per-frame work is one function,
     ``log_ctc_step`` (or ``scaled_ctc_step``), the unit a GPU kernel can replace.
-  * ``method='log'`` (default) is the exact log-semiring recursion (three-way logsumexp).
-    ``method='scaled'`` runs on probabilities renormalised every frame (multiply-add in the
-    loop, float32 log-scales summed outside); its range between states within a frame is
-    float32's (~87 nats), so extreme logits can underflow. ``method='auto'`` runs 'scaled',
-    checks that the totals from alpha and from beta agree and that no alignable sequence lost its
-    mass, and otherwise recomputes the batch with 'log' (``lax.cond``). Measured on CPU
-    (bench/ctc.py), 'log' is as fast as 'scaled' once the conversions in and out of the
-    probability domain are counted, and it is exact, hence the default.
+  * ``method='log'`` (default) is the exact log-semiring recursion (three-way logsumexp), with
+    each row shifted to max 0 every frame (the offsets are summed apart), so float32 keeps its
+    absolute precision for T in the thousands. ``method='scaled'`` runs on probabilities
+    renormalised every frame (multiply-add in the loop, no exp/log per state); its range between
+    states within a frame is ~80 nats (float32, subnormals flushed), so extreme logits can lose
+    mass. ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta agree
+    and that no alignable sequence lost its mass, and otherwise recomputes the batch with 'log'
+    (``lax.cond``). On CPU (bench/ctc.py) 'scaled' wins for small vocabularies, 'log' for large
+    ones (the conversions in and out of the probability domain cost as much as the loop saves);
+    'log' is exact, hence the default.
+  * Exponentials of arguments below -80 are flushed to 0: float32 subnormals are ~50x slower on
+    x86 and such terms cannot change a sum that contains exp(0) = 1.
   * The gradient (``jax.custom_vjp``) needs no further recursion: the occupancies
-    ``gamma[t, s] = exp(log alpha_post + log beta_incl - lp - logZ)`` come from the stored tables and
+    ``gamma[t, s] ~ alpha_post[t, s] * beta_incl[t, s] / p(ext[s] | t)``, normalised over s within
+    each frame (where they sum to 1, so no large log-scale enters), come from the stored tables and
     are scatter-added onto the label ids. Memory is O(B*T*(2N+1)) besides the [B, T, K] gradient.
 
 Conventions: ``logit_paddings`` / ``label_paddings`` are optax-style (1.0 = padded, 0.0 = valid).
@@ -124,6 +129,19 @@ def _shift(x, by: int, fill):
     return jnp.concatenate([x[..., -by:], pad], axis=-1)
 
 
+# exp(x) for x <= 0 that returns exactly 0 below exp(-80) ~ 1.8e-35 instead of a float32 subnormal:
+# subnormal arithmetic is ~50x slower on x86 CPUs (XLA does not flush them), and terms this small
+# do not change a sum that contains exp(0) = 1.
+_EXP_FLOOR = -80.0
+
+
+_TINY = float(np.exp(_EXP_FLOOR))
+
+
+def _exp_nonpositive(x):
+    return jnp.where(x > _EXP_FLOOR, jnp.exp(jnp.maximum(x, _EXP_FLOOR)), 0.0)
+
+
 def _predecessors(x, forward_row, skip, fill):
     """The three incoming values of every state: x[s], x[s -+ 1], x[s -+ 2] (or `fill`)."""
     one = jnp.where(forward_row, _shift(x, 1, fill), _shift(x, -1, fill))
@@ -144,7 +162,7 @@ def log_ctc_step(log_alpha, lp, valid, forward_row, skip):
     x0, x1, x2 = _predecessors(log_alpha, forward_row, skip, jnp.float32(-jnp.inf))
     top = jnp.maximum(jnp.maximum(x0, x1), x2)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    post = top + jnp.log(jnp.exp(x0 - top) + jnp.exp(x1 - top) + jnp.exp(x2 - top)) + lp
+    post = top + jnp.log(_exp_nonpositive(x0 - top) + _exp_nonpositive(x1 - top) + _exp_nonpositive(x2 - top)) + lp
     offset = jnp.max(post, axis=-1)
     offset = jnp.where(valid & jnp.isfinite(offset), offset, 0.0)
     return jnp.where(valid[:, None], post - offset[:, None], log_alpha), offset
@@ -162,7 +180,9 @@ def scaled_ctc_step(alpha, emit, valid, forward_row, skip):
     post = (x0 + x1 + x2) * emit
     norm = jnp.max(post, axis=-1)
     norm = jnp.where(valid & (norm > 0), norm, 1.0)
-    return jnp.where(valid[:, None], post * (1.0 / norm)[:, None], alpha), norm
+    new_alpha = post * (1.0 / norm)[:, None]
+    new_alpha = jnp.where(new_alpha > _TINY, new_alpha, 0.0)   # no subnormals (see _exp_nonpositive)
+    return jnp.where(valid[:, None], new_alpha, alpha), norm
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,11 +268,10 @@ def _run_log(lat: _Lattice, unroll: int):
 
 
 def _run_scaled(lat: _Lattice, unroll: int):
-    batch, frames, _, _ = lat.shape
     # Per-frame shift so that the largest valid emission of each frame is exp(0) = 1.
     shift = jnp.max(lat.lp, axis=-1)                                              # [B, T]
     shift = jnp.where(jnp.isfinite(shift) & lat.frame_valid, shift, 0.0)
-    emit = jnp.exp(lat.lp - shift[:, :, None])
+    emit = _exp_nonpositive(lat.lp - shift[:, :, None])
     last, (alpha, beta, norm) = _frame_loop(scaled_ctc_step, lat.start.astype(jnp.float32), emit, lat, unroll)
     log_scale = jnp.log(norm) + jnp.concatenate([shift, shift], axis=0)
     log_z = jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1)) + jnp.sum(log_scale, axis=-1)
@@ -340,7 +359,7 @@ def ctc_occupancy(lat: _Lattice, tables, log_z, used_log):
     scores = jnp.where(keep, log_alpha + log_beta - jnp.where(keep, lat.lp, 0.0), -jnp.inf)
     top = jnp.max(scores, axis=-1, keepdims=True)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    unnormalised = jnp.exp(scores - top)
+    unnormalised = _exp_nonpositive(scores - top)
     total = jnp.sum(unnormalised, axis=-1, keepdims=True)
     usable = jnp.isfinite(log_z)[:, None, None] & (total > 0)
     return jnp.where(usable, unnormalised / jnp.where(usable, total, 1.0), 0.0)

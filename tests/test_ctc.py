@@ -320,8 +320,9 @@ def test_long_input_no_overflow():
     labels = rng.integers(1, k, size=(b, n)).astype(np.int32)
     frame_lengths, label_lengths = np.array([5000, 4321]), np.array([40, 33])
     fp, lpad = paddings_from_lengths(frame_lengths, t), paddings_from_lengths(label_lengths, n)
-    loss, grad = jax.jit(jax.vmap(jax.value_and_grad(lambda x, f, l, p: ctc_loss(x[None], f[None], l[None], p[None])[0])))(
-        jnp.asarray(logits), fp, labels, lpad)
+    def one_sequence(x, f, l, p):    # also exercises vmap over single-sequence calls
+        return ctc_loss(x[None], f[None], l[None], p[None])[0]
+    loss, grad = jax.jit(jax.vmap(jax.value_and_grad(one_sequence)))(jnp.asarray(logits), fp, labels, lpad)
     ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
     assert np.all(np.isfinite(np.asarray(grad)))
     np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5)

@@ -1,0 +1,200 @@
+"""CTC loss forward+backward on CPU: jasr.ctc_loss vs optax.ctc_loss vs torch.nn.functional.ctc_loss.
+
+    python bench/ctc.py [--reps 7] [--shapes 8,100,32,20 ...] [--out bench/results/ctc.md]
+
+Every implementation computes sum(loss) and its gradient w.r.t. the logits [B, T, K] (float32), from
+the same random logits, labels and padding (frame lengths 80-100% of T, label lengths 50-100% of N).
+jasr/optax run as one jitted value_and_grad; torch runs log_softmax + ctc_loss + backward.
+After two warm-up calls each, the implementations alternate call by call; the median of --reps
+wall-clock timings is reported. Peak memory: the rise of the process's peak RSS (VmHWM, reset
+through /proc/self/clear_refs) during one call, and for the JAX programs XLA's own buffer
+assignment (temporaries + outputs, from compiled.memory_analysis()).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import torch  # noqa: E402
+
+from jasr.losses import ctc_loss  # noqa: E402
+
+SHAPES = [(8, 100, 32, 20), (32, 250, 32, 60), (16, 500, 500, 80), (8, 1000, 1000, 150), (4, 1500, 5000, 100)]
+
+
+def make_inputs(batch, frames, classes, max_labels, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(batch, frames, classes)).astype(np.float32)
+    frame_lengths = rng.integers(int(0.8 * frames), frames + 1, size=batch)
+    frame_lengths[0] = frames
+    label_lengths = rng.integers(max(1, max_labels // 2), max_labels + 1, size=batch)
+    label_lengths[0] = max_labels
+    labels = rng.integers(1, classes, size=(batch, max_labels)).astype(np.int32)
+    logit_paddings = (np.arange(frames)[None] >= frame_lengths[:, None]).astype(np.float32)
+    label_paddings = (np.arange(max_labels)[None] >= label_lengths[:, None]).astype(np.float32)
+    return logits, logit_paddings, labels, label_paddings, frame_lengths, label_lengths
+
+
+def jax_runner(loss_fn, logits, logit_paddings, labels, label_paddings):
+    fn = jax.jit(jax.value_and_grad(lambda x: jnp.sum(loss_fn(x, logit_paddings, labels, label_paddings))))
+    x = jnp.asarray(logits)
+    compiled = fn.lower(x).compile()
+    mem = compiled.memory_analysis()
+    xla_bytes = (mem.temp_size_in_bytes + mem.output_size_in_bytes) if mem is not None else float("nan")
+
+    def run():
+        return jax.block_until_ready(fn(x))
+    return run, xla_bytes
+
+
+def torch_runner(logits, labels, frame_lengths, label_lengths):
+    x = torch.tensor(logits)
+    targets = torch.tensor(labels, dtype=torch.long)
+    in_lens = torch.tensor(frame_lengths, dtype=torch.long)
+    tgt_lens = torch.tensor(label_lengths, dtype=torch.long)
+
+    def run():
+        xs = x.detach().requires_grad_(True)
+        lp = torch.log_softmax(xs, dim=-1).transpose(0, 1)
+        loss = torch.nn.functional.ctc_loss(lp, targets, in_lens, tgt_lens, blank=0, reduction="sum")
+        loss.backward()
+        return loss.item(), xs.grad
+    return run
+
+
+def peak_rss_rise(run):
+    """Bytes by which the process's peak RSS rises during one call (VmHWM after a reset)."""
+    def field(name):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(name):
+                    return int(line.split()[1]) * 1024
+        return 0
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return float("nan")
+    base = field("VmRSS")
+    run()
+    return field("VmHWM") - base
+
+
+def mib(n):
+    return "n/a" if n != n else f"{n / 2**20:.1f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--shapes", nargs="*", default=None, help="B,T,K,N entries")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ctc.md"))
+    parser.add_argument("--note", default="", help="extra line for the report (e.g. 'machine shared')")
+    args = parser.parse_args()
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
+
+    impls = ["jasr", "jasr scaled", "optax", "torch"]
+    rows = []
+    for shape in shapes:
+        batch, frames, classes, max_labels = shape
+        print(f"[ctc bench] shape B,T,K,N = {shape}: compiling / warming up", flush=True)
+        logits, fp, labels, lpad, frame_lengths, label_lengths = make_inputs(*shape)
+        runners, xla_mem = {}, {}
+        runners["jasr"], xla_mem["jasr"] = jax_runner(ctc_loss, logits, fp, labels, lpad)
+        runners["jasr scaled"], xla_mem["jasr scaled"] = jax_runner(
+            lambda *a: ctc_loss(*a, method="scaled"), logits, fp, labels, lpad)
+        runners["optax"], xla_mem["optax"] = jax_runner(optax.ctc_loss, logits, fp, labels, lpad)
+        runners["torch"] = torch_runner(logits, labels, frame_lengths, label_lengths)
+        xla_mem["torch"] = float("nan")
+        losses = {}
+        for name in impls:   # warm-up (and a cross-check of the summed losses)
+            out = runners[name]()
+            runners[name]()
+            losses[name] = float(out[0])
+        rss = {name: peak_rss_rise(runners[name]) for name in impls}
+        times = {name: [] for name in impls}
+        for rep in range(args.reps):
+            for name in impls:
+                start = time.perf_counter()
+                runners[name]()
+                times[name].append(time.perf_counter() - start)
+            print(f"  rep {rep + 1}/{args.reps}: " + "  ".join(f"{n} {times[n][-1] * 1e3:.2f}ms" for n in impls),
+                  flush=True)
+        med = {name: statistics.median(times[name]) * 1e3 for name in impls}
+        rows.append(dict(shape=shape, med=med, rss=rss, xla=xla_mem, losses=losses))
+        print(f"  median ms: " + "  ".join(f"{n} {med[n]:.2f}" for n in impls)
+              + f"  | sum-loss jasr {losses['jasr']:.3f} optax {losses['optax']:.3f} torch {losses['torch']:.3f}",
+              flush=True)
+
+    lines = [
+        "# CTC loss benchmark (CPU, forward + backward)",
+        "",
+        f"`python bench/ctc.py` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; jax {jax.__version__}, "
+        f"optax {optax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads).",
+        "",
+        "sum(loss) and d/d(logits) of float32 logits [B, T, K]; frame lengths 80-100% of T, label lengths "
+        "50-100% of N. Median wall-clock of "
+        f"{args.reps} alternating calls after warm-up. `jasr` = `jasr.ctc_loss` (default method 'log'); "
+        "`jasr scaled` = method='scaled' (rescaled probabilities; limited range, see fsa_ops/ctc.py). "
+        "Ratios > 1 mean jasr is faster.",
+        "",
+        "| B, T, K, N | jasr ms | jasr scaled ms | optax ms | torch ms | optax / jasr | torch / jasr "
+        "| peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        m, rss, xla = r["med"], r["rss"], r["xla"]
+        lines.append(
+            f"| {', '.join(map(str, r['shape']))} | {m['jasr']:.2f} | {m['jasr scaled']:.2f} | {m['optax']:.2f} "
+            f"| {m['torch']:.2f} | {m['optax'] / m['jasr']:.2f} | {m['torch'] / m['jasr']:.2f} "
+            f"| {mib(rss['jasr'])} / {mib(rss['optax'])} / {mib(rss['torch'])} "
+            f"| {mib(xla['jasr'])} / {mib(xla['optax'])} |")
+    lines += [
+        "",
+        "Peak RSS rise: growth of the process's peak resident set during one call (VmHWM reset via "
+        "/proc/self/clear_refs just before); memory that an allocator reuses without returning it to "
+        "the OS is not counted, so treat it as a lower bound. XLA temp+out: the compiled program's "
+        "temporary and output buffers (excluding the logits argument).",
+    ]
+    if args.note:
+        lines += ["", args.note]
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        width = 0.2
+        xs = np.arange(len(rows))
+        for i, name in enumerate(impls):
+            ax.bar(xs + (i - 1.5) * width, [r["med"][name] for r in rows], width, label=name)
+        ax.set_xticks(xs, ["B,T,K,N=\n" + ",".join(map(str, r["shape"])) for r in rows], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("forward+backward, ms (median, log scale)")
+        ax.set_title("CTC loss on CPU: jasr vs optax vs torch")
+        ax.legend()
+        fig.tight_layout()
+        png = os.path.splitext(args.out)[0] + ".png"
+        fig.savefig(png, dpi=110)
+        print(f"[ctc bench] wrote {args.out} and {png}")
+    except ImportError:
+        print(f"[ctc bench] wrote {args.out} (matplotlib missing: no plot)")
+
+
+if __name__ == "__main__":
+    main()
