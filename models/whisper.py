@@ -19,8 +19,8 @@ Layout and conventions
   with ``nn.scan`` and stores their parameters stacked on a leading ``layers`` axis. All four combinations compute
   the same numbers (tested).
 - Incremental decoding uses a static-size KV cache (see :func:`init_cache`): a dict of arrays
-  ``self_k/self_v [layers, B, max_length, heads, head_dim]`` and ``cross_k/cross_v [layers, B, frames, heads,
-  head_dim]``; a decode step writes at ``cache_index`` with ``lax.dynamic_update_slice`` so jit compiles one program
+  ``self_k/self_v [layers, B, heads, max_length, head_dim]`` and ``cross_k/cross_v [layers, B, heads, frames,
+  head_dim]`` (heads-major, so attention reads the cache without transposing it); a decode step writes at ``cache_index`` with ``lax.dynamic_update_slice`` so jit compiles one program
   per (batch, step length), not one per step.
 - ``encoder.embed_positions`` (sinusoids) is kept as a parameter because checkpoints store it; transformers freezes
   it, and trainers should do the same (e.g. with an optax mask).
@@ -223,15 +223,16 @@ def _query_chunks(lq: int, target: int = 256) -> int:
 
 
 def _attend(q, k, v, bias, dtype, dropout: Optional[nn.Dropout] = None):
-    """q [B,Lq,H,D] (already scaled), k/v [B,Lk,H,D], bias broadcastable to [B,H,Lq,Lk] (float32).
+    """q [B,Lq,H,D] (already scaled), k/v [B,H,Lk,D] (heads-major, the KV-cache layout, so that decoding never
+    transposes the cache), bias broadcastable to [B,H,Lq,Lk] (float32). Returns [B,Lq,H,D].
 
     Scores and softmax are float32. Long unmasked queries (the encoder's 1500) are processed in blocks of <= 256
     rows with ``lax.map`` so that the score matrix stays in cache: ~3x faster on CPU than one [Lq, Lk] matrix."""
-    qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q, k.astype(q.dtype), v.astype(dtype)))    # [B, H, L, D]
-    k_t = jnp.swapaxes(kt, -1, -2)
+    qt = jnp.swapaxes(q, 1, 2)                                                                # [B, H, Lq, D]
+    kt, vt = k.astype(q.dtype), v.astype(dtype)
 
     def block(qb, bias_b):
-        w = jnp.matmul(qb, k_t, preferred_element_type=jnp.float32)
+        w = jnp.einsum("bhqd,bhkd->bhqk", qb, kt, preferred_element_type=jnp.float32)
         if bias_b is not None:
             w = w + bias_b
         p = jax.nn.softmax(w, axis=-1)
@@ -276,7 +277,8 @@ class WhisperAttention(nn.Module):
         return q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
 
     def keys_values(self, x):
-        return self.k_proj(x), self.v_proj(x)
+        """Keys and values of ``x [B, L, embed]`` in the heads-major layout ``[B, H, L, Dh]``."""
+        return jnp.swapaxes(self.k_proj(x), 1, 2), jnp.swapaxes(self.v_proj(x), 1, 2)
 
     def __call__(self, q, k, v, bias):
         drop = self.drop if self.attention_dropout > 0.0 and not self.deterministic else None
@@ -318,7 +320,7 @@ class WhisperEncoderLayer(nn.Module):
 
 class WhisperDecoderLayer(nn.Module):
     """One decoder layer. ``cache`` (per layer) is None for teacher forcing, else a dict with ``self_k/self_v``
-    ``[B, S, H, Dh]`` and, unless ``encoder_hidden`` is given, ``cross_k/cross_v``."""
+    ``[B, H, S, Dh]`` and, unless ``encoder_hidden`` is given, ``cross_k/cross_v``."""
 
     config: WhisperConfig
     dtype: Dtype = jnp.float32
@@ -343,7 +345,7 @@ class WhisperDecoderLayer(nn.Module):
             # attend over the cache with this step's keys written in; return only the new keys/values (the
             # decoder writes them into the stacked cache, so the big buffers are never copied per layer)
             zero = jnp.zeros((), jnp.int32)
-            idx = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            idx = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
             dt = cache["self_k"].dtype
             written = {"self_k": k.astype(dt), "self_v": v.astype(dt)}
             k = jax.lax.dynamic_update_slice(cache["self_k"], written["self_k"], idx)
@@ -466,7 +468,7 @@ class WhisperDecoder(nn.Module):
             q_pos, k_pos = pos, pos
             start = 0
         else:
-            s = cache["self_k"].shape[2]
+            s = cache["self_k"].shape[3]
             if s > c.max_target_positions:
                 raise ValueError(f"cache length {s} > max_target_positions={c.max_target_positions}")
             if cache_index is None:
@@ -477,7 +479,7 @@ class WhisperDecoder(nn.Module):
         allowed = k_pos[None, :] <= q_pos[:, None]                                 # [Lq, Lk] causal
         allowed = allowed[None, None]
         if attention_mask is not None:
-            want = (length if cache is None else cache["self_k"].shape[2])
+            want = (length if cache is None else cache["self_k"].shape[3])
             if attention_mask.shape != (b, want):
                 raise ValueError(f"attention_mask must be [batch={b}, {want}], got {attention_mask.shape}")
             allowed = allowed & (attention_mask[:, None, None, :] > 0)
@@ -507,7 +509,7 @@ class WhisperDecoder(nn.Module):
         new_cache = None
         if cache is not None:
             zero = jnp.zeros((), jnp.int32)
-            idx = (zero, zero, start, zero, zero)
+            idx = (zero, zero, zero, start, zero)
             new_cache = dict(cache)
             new_cache["self_k"] = jax.lax.dynamic_update_slice(cache["self_k"], written["self_k"], idx)
             new_cache["self_v"] = jax.lax.dynamic_update_slice(cache["self_v"], written["self_v"], idx)
@@ -556,8 +558,8 @@ class WhisperModel(nn.Module):
 
 def init_cache(config: WhisperConfig, batch_size: int, max_length: int, dtype: Dtype = jnp.float32,
                encoder_length: Optional[int] = None) -> dict[str, Array]:
-    """A zero KV cache of static size: ``self_k/self_v [layers, B, max_length, heads, head_dim]`` and
-    ``cross_k/cross_v [layers, B, encoder_length, heads, head_dim]`` (filled by the first cached decode step, the
+    """A zero KV cache of static size: ``self_k/self_v [layers, B, heads, max_length, head_dim]`` and
+    ``cross_k/cross_v [layers, B, heads, encoder_length, head_dim]`` (filled by the first cached decode step, the
     one given ``encoder_hidden``)."""
     if max_length > config.max_target_positions:
         raise ValueError(f"max_length={max_length} > max_target_positions={config.max_target_positions}")
@@ -565,7 +567,7 @@ def init_cache(config: WhisperConfig, batch_size: int, max_length: int, dtype: D
     dh = config.d_model // h
     t = config.max_source_positions if encoder_length is None else encoder_length
     nl = config.decoder_layers
-    z = lambda n: jnp.zeros((nl, batch_size, n, h, dh), dtype)
+    z = lambda n: jnp.zeros((nl, batch_size, h, n, dh), dtype)
     return {"self_k": z(max_length), "self_v": z(max_length), "cross_k": z(t), "cross_v": z(t)}
 
 

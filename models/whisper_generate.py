@@ -411,12 +411,16 @@ def detect_language(model: WhisperModel, params, encoder_hidden: Array, settings
     return ids[np.argmax(logits[:, ids], axis=-1)]
 
 
-def _prompts(model, params, enc, settings, language, task, return_timestamps) -> np.ndarray:
+def _prompts(model, params, enc, settings, language, task, return_timestamps, lang_ids=None) -> np.ndarray:
+    """Prompt rows for a batch; a language placeholder is filled from ``lang_ids`` or detected on ``enc``."""
     init = settings.init_tokens(language=language, task=task, return_timestamps=return_timestamps)
     b = enc.shape[0]
     prompt = np.tile(np.array([t if t is not None else -1 for t in init], np.int32), (b, 1))
     if len(init) > 1 and init[1] is None:
-        prompt[:, 1] = detect_language(model, params, enc, settings)
+        if lang_ids is None:
+            lang_ids = detect_language(model, params, enc, settings)
+        prompt[:, 1] = np.asarray(lang_ids)[:b] if len(lang_ids) >= b else np.pad(lang_ids, (0, b - len(lang_ids)),
+                                                                                  mode="edge")
     return prompt
 
 
@@ -531,6 +535,18 @@ def transcribe_sequential(model: WhisperModel, params, input_features, settings:
                           return_timestamps=return_timestamps, length_penalty=length_penalty)
     seek = np.zeros(b, np.int64)
     results = [{"tokens": [], "segments": []} for _ in range(b)]
+    init = settings.init_tokens(language=language, task=task, return_timestamps=return_timestamps)
+    langs = None
+    if len(init) > 1 and init[1] is None:       # detect once per example, on its first window (as transformers)
+        langs = np.zeros(b, np.int64)
+        for start in range(0, b, bs):
+            rows = list(range(start, min(start + bs, b)))
+            windows = [_window(feats[i], 0, int(min(max_frames[i], nf)), nf) for i in rows]
+            windows += [np.zeros_like(windows[0])] * (bs - len(rows))
+            enc = encode(model, params, jnp.asarray(np.stack(windows)))
+            langs[rows] = detect_language(model, params, enc, settings)[:len(rows)]
+        for i in range(b):
+            results[i]["language_token"] = int(langs[i])
     while (seek < max_frames).any():
         active = [i for i in range(b) if seek[i] < max_frames[i]]
         for start in range(0, len(active), bs):
@@ -539,7 +555,8 @@ def transcribe_sequential(model: WhisperModel, params, input_features, settings:
             windows = [_window(feats[i], int(seek[i]), n, nf) for i, n in zip(rows, lens)]
             windows += [np.zeros_like(windows[0])] * (bs - len(rows))
             enc = encode(model, params, jnp.asarray(np.stack(windows)))
-            prompt = _prompts(model, params, enc, settings, language, task, return_timestamps)
+            prompt = _prompts(model, params, enc, settings, language, task, return_timestamps,
+                              None if langs is None else langs[rows])
             seqs, _ = generate_from_encoder(model, params, enc, prompt, opts)
             gen = strip(seqs[:len(rows)], prompt.shape[1], settings)
             for i, n, toks in zip(rows, lens, gen):
