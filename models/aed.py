@@ -105,9 +105,10 @@ class AEDConfig:
     @classmethod
     def tiny(cls, vocab_size: int, decoder: str = "transformer", encoder_type: str = "conformer",
              **kw) -> "AEDConfig":
-        enc = ConformerConfig.tiny(0)
-        dec = (TransformerConfig.tiny(vocab_size, d_model=enc.d_model) if decoder == "transformer"
-               else LSTMDecoderConfig.tiny(vocab_size, memory_dim=enc.d_model))
+        """For unit tests: one encoder and one decoder layer."""
+        enc = ConformerConfig.tiny(0, num_layers=1)
+        dec = (TransformerConfig.tiny(vocab_size, d_model=enc.d_model, num_layers=1) if decoder == "transformer"
+               else LSTMDecoderConfig.tiny(vocab_size, memory_dim=enc.d_model, num_layers=1))
         return cls(encoder=enc, decoder=dec, vocab_size=vocab_size, encoder_type=encoder_type, **kw)
 
     @classmethod
