@@ -24,20 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fsa_ops.ctc import ctc_nll
 from models.conformer import Conv2dSubsampling, ConformerConfig, ConformerEncoder, check_encoder_inputs
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import (TransformerConfig, TransformerDecoder, TransformerEncoder, constrain, dense,
                                 lengths_from_paddings, paddings_from_lengths)
 
 
-def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0):
-    """Per-utterance CTC negative log-likelihood ``[B]`` (fsa_ops' analytic-gradient CTC; optax's until it lands)."""
-    try:
-        from fsa_ops.ctc import ctc_nll as _nll
-    except ImportError:  # pragma: no cover - only before fsa_ops.ctc exists
-        import optax
-        return optax.ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id=blank_id)
-    return _nll(logits, logit_paddings, labels, label_paddings, blank_id=blank_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +94,36 @@ class AEDConfig:
 
     def replace(self, **kw) -> "AEDConfig":
         return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "AEDConfig":
+        """From plain (e.g. ml_collections) fields: ``encoder`` a dict of ConformerConfig fields, ``decoder`` a dict
+        with ``type`` ("transformer" or "lstm") and that config's fields (its vocab_size and d_model/memory_dim
+        default to the AED's), the rest AEDConfig fields. Inverse of :meth:`to_dict`."""
+        fields = dict(fields)
+        if "vocab_size" not in fields:
+            raise ValueError("AEDConfig.from_dict needs 'vocab_size'")
+        enc = fields.pop("encoder", {})
+        enc = enc if isinstance(enc, ConformerConfig) else ConformerConfig(**{"vocab_size": 0, **dict(enc)})
+        dec = fields.pop("decoder", {})
+        if not isinstance(dec, (TransformerConfig, LSTMDecoderConfig)):
+            dec = dict(dec)
+            kind = dec.pop("type", "transformer")
+            base = {"vocab_size": fields["vocab_size"]}
+            if kind == "transformer":
+                dec = TransformerConfig(**{**base, "d_model": enc.d_model, **dec})
+            elif kind == "lstm":
+                dec = LSTMDecoderConfig(**{**base, "memory_dim": enc.d_model, **dec})
+            else:
+                raise ValueError(f"AEDConfig decoder type must be 'transformer' or 'lstm', got {kind!r}")
+        return cls(encoder=enc, decoder=dec, **fields)
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["encoder"] = dataclasses.asdict(self.encoder)
+        out["decoder"] = {"type": "transformer" if isinstance(self.decoder, TransformerConfig) else "lstm",
+                          **dataclasses.asdict(self.decoder)}
+        return out
 
     @classmethod
     def tiny(cls, vocab_size: int, decoder: str = "transformer", encoder_type: str = "conformer",

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from models.aed import (AEDConfig, AEDModel, beam_search, greedy_search, joint_ctc_attention_loss, shift_labels)
+from models.conformer import ConformerConfig
 from models.conformer import stack_layers
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder
@@ -395,3 +396,16 @@ def test_transformer_encoder_aed_and_config_errors():
         cfg.replace(eos_id=0)
     with pytest.raises(ValueError, match="labels"):
         model.apply(variables, x, pad, labels[0], lpad[0], method=AEDModel.loss)
+
+
+def test_config_from_dict_roundtrip():
+    cfg = AEDConfig.from_dict({"vocab_size": 12, "ctc_weight": 0.5,
+                               "encoder": {"input_dim": 40, "d_model": 64, "num_layers": 3, "num_heads": 4},
+                               "decoder": {"type": "lstm", "hidden_size": 48, "num_layers": 1}})
+    assert isinstance(cfg.decoder, LSTMDecoderConfig) and cfg.decoder.memory_dim == 64 and cfg.decoder.vocab_size == 12
+    assert isinstance(cfg.encoder, ConformerConfig) and cfg.encoder.num_layers == 3 and cfg.ctc_weight == 0.5
+    assert AEDConfig.from_dict(cfg.to_dict()) == cfg
+    tcfg = AEDConfig.demo(12)
+    assert AEDConfig.from_dict(tcfg.to_dict()) == tcfg and tcfg.sos_token == tcfg.eos_token == 11
+    with pytest.raises(ValueError, match="decoder type"):
+        AEDConfig.from_dict({"vocab_size": 12, "decoder": {"type": "rnn"}})
