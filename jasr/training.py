@@ -427,8 +427,17 @@ def _eval_jit(task: Task):
 # ------------------------------------------------------------------------------------------------------------
 # the loop
 
+def commit(tree):
+    """Places every array on its current sharding explicitly ("committed", as restored arrays are), so fresh and
+    restored states lower to the same program."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding), tree)
+
+
 def _abstract_like(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+    """Restore targets with the live state's shardings: a restored state then lowers to the same program as a
+    fresh one (so the persistent compilation cache hits on resume)."""
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), tree)
 
 
 def _check_resume_config(cfg, workdir: str) -> None:
@@ -479,8 +488,10 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
     raw = data.batch_config.output == "audio"
     tx, schedule = make_optimizer_from_config(o, t.num_steps // o.grad_accum)
     init_batch = dummy_batch(train_loader.bucket_shapes[0], data.feature_config, raw)
-    state = create_train_state(jax.random.PRNGKey(cfg.seed), task, tx, init_batch)
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    init_fn = jax.jit(functools.partial(create_train_state, task=task, tx=tx))
+    init_key = jax.random.PRNGKey(cfg.seed)
+    abstract = jax.eval_shape(init_fn, init_key, batch=init_batch)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
     print(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
           f"{len(data.train)} train / {len(data.dev)} dev utterances; batch shapes {train_loader.bucket_shapes}",
           flush=True)
@@ -492,8 +503,10 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
     ckpt = Checkpointer(ckpt_dir, keep_last=t.keep_last, keep_best=t.keep_best,
                         async_save=t.async_checkpoint)
     start = 0
-    if ckpt.latest_step() is not None:
-        state, extra = ckpt.restore(None, _abstract_like(state))
+    if ckpt.latest_step() is None:
+        state = commit(init_fn(init_key, batch=init_batch))
+    else:
+        state, extra = ckpt.restore(None, _abstract_like(abstract))
         it.set_state(extra["data_state"])
         start = int(state.step)
         print(f"[train] resumed from {ckpt_dir} at step {start}", flush=True)
@@ -585,7 +598,7 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
     shape = (1, 400 if not raw else 64000, 8)
     target = jax.eval_shape(lambda: create_train_state(jax.random.PRNGKey(0), task, tx,
                                                        dummy_batch(shape, fc, raw)))
-    state, _ = ckpt.restore(step, target)
+    state, _ = ckpt.restore(step, _abstract_like(target))
     ckpt.close()
     edges = None
     if os.path.exists(os.path.join(workdir, "buckets.json")):
