@@ -208,7 +208,7 @@ def _forward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
         s, src_s, score_s = xs
         new, k = forward_state_step(alpha, src_s, score_s, log_semiring)
         new = jnp.where(s == 0, alpha[:, 0], new)
-        alpha = lax.dynamic_update_slice(alpha, new[:, None], (0, s))
+        alpha = lax.dynamic_update_slice(alpha, new[:, None], (jnp.zeros_like(s), s))
         return alpha, k
 
     xs = (jnp.arange(S, dtype=jnp.int32), jnp.moveaxis(in_src, 1, 0), jnp.moveaxis(in_score, 1, 0))
@@ -233,7 +233,7 @@ def _backward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
         s, dst_s, score_s = xs
         new = backward_state_step(beta, dst_s, score_s, log_semiring)
         new = jnp.where(s == final, 0.0, new).astype(dtype)
-        beta = lax.dynamic_update_slice(beta, new[:, None], (0, s))
+        beta = lax.dynamic_update_slice(beta, new[:, None], (jnp.zeros_like(s), s))
         return beta, None
 
     xs = (jnp.arange(S, dtype=jnp.int32), jnp.moveaxis(out_dst, 1, 0),

@@ -205,3 +205,18 @@ def test_shortest_path_matches_enumeration(fv):
         np.testing.assert_array_equal(np.asarray(p.attrs["aux_labels"]), np.asarray(best.attrs["aux_labels"]))
         assert abs(float(np.sum(p.score)) - best.score) < 1e-4
         assert abs(float(get_tot_scores(p)) - best.score) < 1e-4
+
+
+def test_use_double_scores_with_x64():
+    f = create_fsa_vec([Fsa.from_str("0 1 1 1.0\n0 1 2 2.0\n0 2 3 0.3\n1 2 4 0.5\n2 3 -1 0.1\n3")])
+    ref = np.logaddexp(np.logaddexp(1.5, 2.5), 0.3) + 0.1
+    with jax.enable_x64(True):
+        fj = f.to_jax()
+        tot = get_tot_scores(fj, use_double_scores=True)
+        assert tot.dtype == jnp.float64 and abs(float(tot[0]) - ref) < 1e-6
+        assert get_tot_scores(fj, use_double_scores=False).dtype == jnp.float32
+        g = jax.grad(lambda s: jnp.sum(get_tot_scores(fj.replace(score=s))))(fj.score)
+        assert g.dtype == fj.score.dtype
+        np.testing.assert_allclose(np.asarray(g[0]), np.exp(oracle.arc_post(f[0])), atol=1e-6)
+        p = shortest_path(fj)
+        assert abs(float(np.sum(np.asarray(p.score)[0, :int(p.num_arcs[0])])) - 2.6) < 1e-6
