@@ -13,8 +13,9 @@ The corpus has three splits written as manifests in the format of ``shared/data`
 
 Every utterance is a random string of 1..N digit words ("THREE ONE FOUR"), spoken with random rate, pitch,
 pitch range, gain, leading/trailing silence and additive noise at a random SNR, resampled to ``sample_rate``.
-Generation is deterministic given the seed, and the corpus is written to a temporary folder and renamed into
-place, so an interrupted run never leaves a half-written corpus behind.
+Texts and voice settings are a function of the seed (eSpeak NG's waveforms can differ by a few samples from call
+to call, so audio is not bit-identical between builds). The corpus is written to a temporary folder and renamed
+into place, so an interrupted run never leaves a half-written corpus behind.
 """
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ class DemoCorpusConfig:
 
 def _settings_blob() -> str:
     return json.dumps([TRAIN_LANGUAGES, TRAIN_VARIANTS, HELDOUT_LANGUAGES, HELDOUT_VARIANTS, TRAIN_RATES,
-                       HELDOUT_RATES, TRAIN_PITCHES, HELDOUT_PITCHES, DIGIT_WORDS, 2])
+                       HELDOUT_RATES, TRAIN_PITCHES, HELDOUT_PITCHES, DIGIT_WORDS, 3])
 
 
 def sample_utterance_spec(rng: np.random.Generator, split: str, cfg: DemoCorpusConfig) -> dict:
@@ -232,12 +233,13 @@ def make_demo_corpus(root: str, cfg: DemoCorpusConfig = DemoCorpusConfig(), *, v
         stats = {}
         for split_idx, (split, n) in enumerate(_split_sizes(cfg).items()):
             os.makedirs(os.path.join(tmp, split))
-            rng = np.random.default_rng([cfg.seed, split_idx])
             total = 0.0
             with open(os.path.join(tmp, f"{split}.jsonl"), "w") as out:
                 for i in range(n):
-                    spec = sample_utterance_spec(rng, split, cfg)
-                    audio = render_utterance(spec, rng, cfg.sample_rate)
+                    # separate streams per utterance: the texts and settings depend on the seed only
+                    spec = sample_utterance_spec(np.random.default_rng([cfg.seed, split_idx, i, 0]), split, cfg)
+                    audio = render_utterance(spec, np.random.default_rng([cfg.seed, split_idx, i, 1]),
+                                             cfg.sample_rate)
                     uid = f"demo-{split}-{i:05d}"
                     rel = os.path.join(split, uid + ".wav")
                     sf.write(os.path.join(tmp, rel), audio, cfg.sample_rate, subtype="PCM_16")

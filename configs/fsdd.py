@@ -1,0 +1,60 @@
+"""Real speech: the Free Spoken Digit Dataset (4 speakers, 8 kHz, isolated digits), one speaker held out for dev.
+
+    python train.py --config configs/fsdd.py --workdir runs/fsdd
+    python decode.py --workdir runs/fsdd --split dev
+
+data.train_manifest is the shared folder's manifest (relative to the repo root); train = the other three speakers,
+dev = data.speakers_dev (speaker-independent WER). FSDD is CC BY-SA 4.0 (see its README).
+"""
+from jasr.config import base_config
+
+
+def get_config():
+    c = base_config()
+    d = c.data
+    d.train_manifest = "../shared/data/fsdd/manifest.jsonl"
+    d.dev_manifest = ""                 # dev = the held-out speaker of the same manifest
+    d.speakers_dev = ("theo",)
+    d.sample_rate = 8000
+    d.feature = "fbank"
+    d.num_mel_bins = 40
+    d.normalize = "utterance"
+    d.device_features = True
+    d.max_frames = 4096
+    d.num_buckets = 2
+    d.drop_unfit = True
+    d.spec_augment = True
+    d.freq_masks = 2
+    d.max_freq_width = 6
+    d.time_masks = 1
+    d.max_time_width = 8
+
+    m = c.model
+    m.name = "conformer_ctc"
+    m.d_model = 96
+    m.num_layers = 4
+    m.num_heads = 4
+    m.ff_mult = 4
+    m.conv_kernel = 15
+    m.subsampling = 2
+    m.subsampling_type = "dw_striding"
+    m.subsampling_channels = 32
+    m.dropout_rate = 0.15
+    m.attention_dropout_rate = 0.0
+    m.ff_dropout_rate = 0.15
+
+    c.loss.type = "ctc"
+    o = c.optim
+    o.lr = 2e-3
+    o.schedule = "cosine"
+    o.warmup_steps = 60
+    o.final_lr_ratio = 0.02
+
+    t = c.train
+    t.num_steps = 600
+    t.log_every = 20
+    t.eval_every = 200
+    t.checkpoint_every = 200
+    t.keep_last = 2
+    t.keep_best = 1
+    return c
