@@ -1,0 +1,116 @@
+"""Configs as code: every configs/*.py validates; unknown keys and bad values are clear errors; overrides."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jasr.config import (ConfigError, apply_override, base_config, config_from_argv, load_config_file,
+                         load_saved_config, save_config, validate_config)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
+def test_every_config_validates(path):
+    cfg = load_config_file(path)
+    validate_config(cfg, check_paths=False, repo_root=ROOT)
+
+
+def test_demo_and_fsdd_paths_exist():
+    validate_config(load_config_file(os.path.join(ROOT, "configs", "demo.py")), repo_root=ROOT)
+    fsdd = load_config_file(os.path.join(ROOT, "configs", "fsdd.py"))
+    if os.path.isdir(os.path.join(ROOT, "..", "shared", "data", "fsdd")):
+        validate_config(fsdd, repo_root=ROOT)
+    assert fsdd.data.train_manifest == "../shared/data/fsdd/manifest.jsonl"
+
+
+def test_overrides_are_typed():
+    cfg, rest = config_from_argv(["--config", os.path.join(ROOT, "configs", "demo.py"), "--config.optim.lr=3e-4",
+                                  "--config.train.num_steps", "7", "--config.data.spec_augment=false",
+                                  "--config.model.d_model=64", "--config.data.bucket_boundaries=(1.0, 2.5)",
+                                  "--workdir", "x"])
+    assert cfg.optim.lr == 3e-4 and cfg.train.num_steps == 7 and cfg.data.spec_augment is False
+    assert cfg.model.d_model == 64 and tuple(cfg.data.bucket_boundaries) == (1.0, 2.5)
+    assert rest == ["--workdir", "x"]
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("optim.lrr", "1", r"unknown config key 'optim.lrr' \(did you mean 'lr'"),
+    ("optimizer.lr", "1", r"unknown config key 'optimizer'"),
+    ("optim.lr", "fast", r"cannot parse 'fast' as a float"),
+    ("train.num_steps", "1.5", r"expected a int"),
+    ("data.spec_augment", "maybe", r"expected a bool"),
+    ("optim", "1", r"is a section"),
+])
+def test_bad_overrides(key, value, match):
+    cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
+    with pytest.raises(ConfigError, match=match):
+        apply_override(cfg, key, value)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("optim.lr", -1.0, r"'optim.lr' must be > 0"),
+    ("optim.schedule", "linear", r"'optim.schedule' must be"),
+    ("train.precision", "fp8", r"'train.precision' must be"),
+    ("loss.type", "attention", r"does not fit model 'conformer_ctc'"),
+    ("train.checkpoint_every", 7, r"multiple of 'train.log_every'"),
+    ("data.bucket_boundaries", (2.0, 1.0), r"'data.bucket_boundaries' must be increasing"),
+    ("optim.grad_accum", 3, r"multiple of 'optim.grad_accum'"),
+])
+def test_bad_values(key, value, match):
+    cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
+    section, name = key.split(".")
+    with cfg[section].ignore_type():
+        cfg[section][name] = value
+    with pytest.raises(ConfigError, match=match):
+        validate_config(cfg, check_paths=False)
+
+
+def test_unknown_keys_in_files_and_model_fields():
+    cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
+    cfg.train.num_stepz = 3
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.num_stepz' \(did you mean 'num_steps'"):
+        validate_config(cfg, check_paths=False)
+    cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
+    cfg.model.d_modle = 3
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.d_modle'.*did you mean 'd_model'"):
+        validate_config(cfg, check_paths=False)
+
+
+def test_missing_manifest_is_named(tmp_path):
+    cfg = base_config()
+    cfg.data.train_manifest = str(tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match=r"'data.train_manifest'.*nope.jsonl.*does not exist"):
+        validate_config(cfg)
+    cfg.data.train_manifest = ""
+    with pytest.raises(ConfigError, match=r"'data.train_manifest' is empty"):
+        validate_config(cfg)
+
+
+def test_saved_config_round_trip(tmp_path):
+    cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
+    save_config(cfg, str(tmp_path / "config.json"))
+    back = load_saved_config(str(tmp_path / "config.json"))
+    validate_config(back, check_paths=False)
+    assert back.to_dict() == cfg.to_dict()
+
+
+def _run(args):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_help_and_errors(tmp_path):
+    r = _run(["train.py", "--help"])
+    assert r.returncode == 0 and "--config" in r.stdout and "--workdir" in r.stdout and "optim" in r.stdout
+    r = _run(["train.py", "--config", "configs/demo.py", "--config.optim.lrr=1", "--workdir", str(tmp_path)])
+    assert r.returncode == 2 and "unknown config key 'optim.lrr'" in r.stderr
+    assert not os.listdir(tmp_path), "nothing starts before the config is valid"
+    r = _run(["train.py", "--config", "configs/nope.py", "--workdir", str(tmp_path)])
+    assert r.returncode == 2 and "configs/nope.py" in r.stderr
+    r = _run(["decode.py", "--help"])
+    assert r.returncode == 0 and "--split" in r.stdout
+    r = _run(["decode.py", "--workdir", str(tmp_path), "--split", "dev"])
+    assert r.returncode == 2 and "not a training run folder" in r.stderr
