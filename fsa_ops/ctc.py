@@ -15,12 +15,14 @@ How it is computed (probability semiring; log-domain results):
     each row shifted to max 0 every frame (the offsets are summed apart), so float32 keeps its
     absolute precision for T in the thousands. ``method='scaled'`` runs on probabilities
     renormalised every frame (multiply-add in the loop, no exp/log per state); its range between
-    states within a frame is ~80 nats (float32, subnormals flushed), so extreme logits can lose
-    mass. ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta agree
-    and that no alignable sequence lost its mass, and otherwise recomputes the batch with 'log'
-    (``lax.cond``). On CPU (bench/ctc.py) 'scaled' wins for small vocabularies, 'log' for large
-    ones (the conversions in and out of the probability domain cost as much as the loop saves);
-    'log' is exact, hence the default.
+    states within a frame is ~80 nats, and that is NOT only a matter of extreme logits: with long
+    label sequences and uninformative logits (an untrained model) the states that the best
+    complete paths pass through often sit >80 nats below the frame's best prefix, and 'scaled'
+    then loses most of the mass (measured: 5-70 nats wrong on the bench shapes with K >= 500).
+    ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta agree and that
+    no alignable sequence lost its mass, and otherwise recomputes the batch with 'log'
+    (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident sequences).
+    'log' is exact and never pays twice, hence the default.
   * Exponentials of arguments below -80 are flushed to 0: float32 subnormals are ~50x slower on
     x86 and such terms cannot change a sum that contains exp(0) = 1.
   * The gradient (``jax.custom_vjp``) needs no further recursion: the occupancies
@@ -53,8 +55,8 @@ METHODS = ("auto", "scaled", "log")
 
 # 'auto' falls back to the log recursion when |logZ_alpha - logZ_beta| exceeds this
 # (absolute nats + relative part for very long sequences, where float32 scale sums round).
-_AUTO_ABS_TOL = 2e-3
-_AUTO_REL_TOL = 2e-6
+_AUTO_ABS_TOL = 1e-4
+_AUTO_REL_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +326,9 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
 
     Returns (lattice, (alpha [B, T, S], beta [B, T, S], log_scale [2B, T]), log_z [B], used_log []):
     see `_run_log` / `_run_scaled` for the tables' meaning; log_z is the total log-likelihood
-    (-inf when no alignment fits).
+    (-inf when no alignment fits). With method='auto', used_log says that the scaled run lost mass:
+    log_z then comes from the log recursion, the tables stay those of the scaled run and
+    `ctc_occupancy` recomputes them (so only [B] values, not tables, pass through `lax.cond`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -338,23 +342,32 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
         used_log = jnp.array(False)
         if method == "auto":
             used_log = jnp.any(_needs_log_recursion(lat, log_z))
-            alpha, beta, log_scale, log_z = jax.lax.cond(
-                used_log, lambda: _run_log(lat, unroll), lambda: (alpha, beta, log_scale, log_z))
+            log_z = jax.lax.cond(used_log, lambda: _run_log(lat, unroll)[3], lambda: log_z)
     log_z = jnp.where(lat.feasible, log_z[:batch], -jnp.inf)
     return lat, (alpha, beta, log_scale), log_z, used_log
 
 
-def ctc_occupancy(lat: _Lattice, tables, log_z, used_log):
+def ctc_occupancy(lat: _Lattice, tables, log_z, used_log, method: str = "log", unroll: int = 1):
     """State occupancies gamma [B, T, S] = P(the path is in state s at frame t): 0 on padded frames,
-    padding states and sequences with log_z = -inf.
+    padding states and sequences with log_z = -inf. `tables`, `log_z`, `used_log` as returned by
+    `ctc_forward_backward` with the same `method`.
 
     gamma[t] = alpha_post[t] * beta_incl[t] / p(emission at t), normalised over s within each frame
     (it sums to 1 there), so the per-frame scales of the tables cancel and no large cumulative
     log-scale enters: the result keeps float32 precision for any T.
     """
+    if method == "auto":
+        return jax.lax.cond(
+            used_log,
+            lambda: _occupancy(lat, _run_log(lat, unroll)[:3], log_z, log_domain=True),
+            lambda: _occupancy(lat, tables, log_z, log_domain=False))
+    return _occupancy(lat, tables, log_z, log_domain=(method == "log"))
+
+
+def _occupancy(lat: _Lattice, tables, log_z, log_domain: bool):
     alpha, beta, _ = tables
-    log_alpha = jnp.where(used_log, alpha, jnp.log(alpha))
-    log_beta = jnp.where(used_log, beta, jnp.log(beta))
+    log_alpha = alpha if log_domain else jnp.log(alpha)
+    log_beta = beta if log_domain else jnp.log(beta)
     keep = lat.frame_valid[:, :, None] & jnp.isfinite(lat.lp)
     scores = jnp.where(keep, log_alpha + log_beta - jnp.where(keep, lat.lp, 0.0), -jnp.inf)
     top = jnp.max(scores, axis=-1, keepdims=True)
@@ -393,7 +406,7 @@ def _ctc_nll_bwd(blank_id, log_probs, method, unroll, residuals, upstream):
     logits, logit_paddings, labels, label_paddings, emissions, tables, log_z, used_log = residuals
     lat = _Lattice(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, emissions)
     batch, frames, classes, _ = lat.shape
-    occupancy = ctc_occupancy(lat, tables, log_z, used_log)            # [B, T, S]
+    occupancy = ctc_occupancy(lat, tables, log_z, used_log, method, unroll)      # [B, T, S]
     scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None, None]
     # d nll / d logits = softmax * g - g * occupancy scattered onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
