@@ -76,6 +76,11 @@ class LSTMDecoderConfig:
         return cls(vocab_size=vocab_size, memory_dim=memory_dim, **{**base, **kw})
 
 
+def _orthogonal_f32(key, shape, dtype=jnp.float32):
+    """Orthogonal init computed in float32 (the QR has no bfloat16 kernel on CPU), then cast."""
+    return nn.initializers.orthogonal()(key, shape, jnp.float32).astype(dtype)
+
+
 class LSTMCell(nn.Module):
     """``(x, h, c) -> (h', c')`` with torch's gate order i, f, g, o; gates and state in float32."""
     hidden_size: int
@@ -87,7 +92,7 @@ class LSTMCell(nn.Module):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         z = dense(4 * self.hidden_size, ("embed", "mlp"), name="ih", **kw)(x.astype(self.dtype))
         z = z + dense(4 * self.hidden_size, ("embed", "mlp"), use_bias=False, name="hh",
-                      kernel_init=nn.initializers.orthogonal(), **kw)(h.astype(self.dtype))
+                      kernel_init=_orthogonal_f32, **kw)(h.astype(self.dtype))
         i, f, g, o = jnp.split(z.astype(jnp.float32), 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)

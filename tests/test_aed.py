@@ -409,3 +409,13 @@ def test_config_from_dict_roundtrip():
     assert AEDConfig.from_dict(tcfg.to_dict()) == tcfg and tcfg.sos_token == tcfg.eos_token == 11
     with pytest.raises(ValueError, match="decoder type"):
         AEDConfig.from_dict({"vocab_size": 12, "decoder": {"type": "rnn"}})
+
+
+def test_lstm_decoder_bfloat16_init_and_float32_logits():
+    cfg = LSTMDecoderConfig.tiny(7, memory_dim=D, dtype="bfloat16", param_dtype="bfloat16")
+    mem, mem_pad = _memory(6)
+    tokens = jnp.array([[1, 2, 3]] * 3, jnp.int32)
+    logits, variables = jax.jit(lambda: LSTMDecoder(cfg).init_with_output(jax.random.PRNGKey(0), tokens, mem,
+                                                                           mem_pad))()
+    assert {a.dtype for a in jax.tree_util.tree_leaves(nn.unbox(variables))} == {jnp.dtype(jnp.bfloat16)}
+    assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
