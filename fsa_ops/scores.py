@@ -193,10 +193,16 @@ def backward_state_step(beta, out_dst, out_score, log_semiring: bool):
 # --------------------------------------------------------------------------------------------
 
 
+def _table_arcs(arcs: _Arcs):
+    """Arcs that enter the in/out tables: real arcs whose score is not -inf (a -inf arc adds nothing
+    to any score; leaving them out keeps the tables of lattices with masked arcs narrow)."""
+    return valid_arcs(arcs) & ~jnp.isneginf(arcs.score)
+
+
 def _forward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
     """Forward scores [B, S] and entering arcs [B, S] (argmax arc, -1 if none)."""
     B, A = arcs.src.shape
-    valid = valid_arcs(arcs)
+    valid = _table_arcs(arcs)
     score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)
     table = arc_table(arcs.dst, valid, S, K)                      # [B, S, K]
     in_src = _gather_arcs(table, arcs.src, 0)
@@ -221,7 +227,7 @@ def _forward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
 
 def _backward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
     B, A = arcs.src.shape
-    valid = valid_arcs(arcs)
+    valid = _table_arcs(arcs)
     score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)
     table = arc_table(arcs.src, valid, S, K)
     out_dst = _gather_arcs(table, arcs.dst, 0)
@@ -352,6 +358,8 @@ def _prep(fsas, use_double_scores):
     if S < 1:
         S = 1
     valid = valid_arcs(arcs)
+    if not is_traced(arcs.score):
+        valid = valid & ~jnp.isneginf(arcs.score)   # as _table_arcs; else a structural bound
     A = arcs.src.shape[1]
     kin = max_degree(arcs.dst, valid, S, A)
     kout = max_degree(arcs.src, valid, S, A)
