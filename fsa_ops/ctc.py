@@ -11,7 +11,7 @@ How it is computed (probability semiring; log-domain results):
     array: rows 0..B-1 consume frame t (taking mass from states s-1, s-2), rows B..2B-1 consume
     frame T-1-t (taking mass from s+1, s+2). The per-frame work is one function,
     ``log_ctc_step`` (or ``scaled_ctc_step``), the unit a GPU kernel can replace.
-  * ``method='log'`` (default) is the exact log-semiring recursion (three-way logsumexp), with
+  * ``method='log'`` is the exact log-semiring recursion (three-way logsumexp), with
     each row shifted to max 0 every frame (the offsets are summed apart), so float32 keeps its
     absolute precision for T in the thousands. ``method='scaled'`` runs on probabilities
     renormalised every frame (multiply-add in the loop, no exp/log per state); its range between
@@ -22,7 +22,8 @@ How it is computed (probability semiring; log-domain results):
     ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta agree and that
     no alignable sequence lost its mass, and otherwise recomputes the batch with 'log'
     (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident sequences).
-    'log' is exact and never pays twice, hence the default.
+    The default (method=None, `default_method`) is 'auto' for vocabularies up to 128 classes, where
+    the loop dominates, and 'log' above, where it does not and 'auto' would risk paying twice.
   * Exponentials of arguments below -80 are flushed to 0: float32 subnormals are ~50x slower on
     x86 and such terms cannot change a sum that contains exp(0) = 1.
   * The gradient (``jax.custom_vjp``) needs no further recursion: the occupancies
@@ -49,9 +50,12 @@ __all__ = [
     "scaled_ctc_step",
     "log_ctc_step",
     "METHODS",
+    "default_method",
 ]
 
 METHODS = ("auto", "scaled", "log")
+# method=None picks 'auto' up to this vocabulary size, 'log' above (see `default_method`).
+_SMALL_VOCABULARY = 128
 
 # 'auto' falls back to the log recursion when |logZ_alpha - logZ_beta| exceeds this
 # (absolute nats + relative part for very long sequences, where float32 scale sums round).
@@ -427,8 +431,19 @@ def _ctc_nll_bwd(blank_id, log_probs, method, unroll, residuals, upstream):
 _ctc_nll.defvjp(_ctc_nll_fwd, _ctc_nll_bwd)
 
 
+def default_method(num_classes: int) -> str:
+    """The recursion used when method=None, from the vocabulary size K (both choices are exact).
+
+    Small K: the per-frame loop dominates and the rescaled recursion (with the exact log fallback,
+    'auto') is several times faster. Large K: the O(B*T*K) softmax, gather and gradient dominate,
+    the conversions in and out of the probability domain cost what the cheaper loop saves, and
+    long label sequences with uninformative logits make 'auto' fall back (paying twice), so 'log'.
+    """
+    return "auto" if num_classes <= _SMALL_VOCABULARY else "log"
+
+
 def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
-            log_probs: bool = False, method: str = "log", unroll: int = 1):
+            log_probs: bool = False, method: str | None = None, unroll: int = 1):
     """Per-sequence CTC negative log-likelihood [B] (probability semiring), differentiable in logits.
 
     logits [B, T, K] (any float dtype; accumulation in float32, gradient in the input dtype),
@@ -436,9 +451,12 @@ def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *
     label_paddings [B, N] (right-padded). log_probs=True: logits are already log-normalised.
     Returns +inf for a sequence that no alignment fits (its gradient is 0), NaN for a row whose
     valid labels are out of [0, K) or equal to blank_id (an error instead on concrete inputs).
-    method: 'auto' | 'scaled' | 'log' (see the module docstring); unroll: frames per loop step.
+    method: 'auto' | 'scaled' | 'log' (see the module docstring), or None for `default_method(K)`;
+    unroll: frames per loop step.
     """
     check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id)
+    if method is None:
+        method = default_method(logits.shape[-1])
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     return _ctc_nll(logits, jnp.asarray(logit_paddings), jnp.asarray(labels), jnp.asarray(label_paddings),

@@ -12,7 +12,7 @@ _REDUCTIONS = ("none", "sum", "mean")
 
 def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
              log_probs: bool = False, zero_infinity: bool = False, reduction: str = "none",
-             method: str = "log"):
+             method: str | None = None):
     """CTC negative log-likelihood; a drop-in for ``optax.ctc_loss`` (same positional arguments).
 
     Args:
@@ -29,7 +29,9 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
         alignments have probability 0) gives loss 0 instead of +inf. Its gradient is 0 either way.
       reduction: 'none' -> [B]; 'sum' -> []; 'mean' -> mean over the batch of
         loss / max(label_length, 1) (torch's definition).
-      method: 'log' (exact log semiring, default), 'scaled' or 'auto'; see ``fsa_ops.ctc``.
+      method: None (default: 'auto' for K <= 128, else 'log'; both exact), 'log' (log semiring),
+        'scaled' (rescaled probabilities; fast but can lose mass) or 'auto' ('scaled', recomputed
+        with 'log' when it lost mass); see ``fsa_ops.ctc``.
 
     Returns:
       Per-sequence loss [B] (float32) or its reduction.
@@ -42,7 +44,7 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}; got {reduction!r}")
-    if method not in METHODS:
+    if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     loss = ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id,
                    log_probs=log_probs, method=method)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from fsa_ops.ctc import ctc_forward_backward, ctc_nll
+from fsa_ops.ctc import ctc_forward_backward, ctc_nll, default_method
 from jasr.losses import ctc_loss
 
 # ----------------------------------------------------------------------------------------------
@@ -383,10 +383,14 @@ def test_bad_input_raises_clear_error(change, message):
         ctc_loss(**args)
 
 
+def test_default_method_is_exact_for_both_vocabulary_regimes():
+    assert default_method(K) == "auto" and default_method(5000) == "log"
+
+
 def test_fsa_ops_entry_point_is_the_same_function():
     rng = np.random.default_rng(10)
     logits = rng.normal(size=(B, T, K)).astype(np.float32)
     labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
     fp, lpad = paddings_from_lengths([10, 9, 5, 7], T), paddings_from_lengths([4, 2, 1, 0], N)
-    np.testing.assert_allclose(np.asarray(ctc_nll(logits, fp, labels, lpad)),
+    np.testing.assert_allclose(np.asarray(ctc_nll(logits, fp, labels, lpad, method="log")),
                                np.asarray(loss_and_grad(logits, fp, labels, lpad)[0]), rtol=1e-6)
