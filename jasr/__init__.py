@@ -1,0 +1,26 @@
+"""jasr: speech recognition in pure JAX.
+
+``import jasr`` gives the user-facing names: the losses, audio loading and features, tokenizers, the data pipeline,
+decoding and metrics. Lattice algorithms live in :mod:`fsa_ops` (k2 names), networks in :mod:`models`; the training
+loop is :mod:`jasr.training` (driven by ``train.py``).
+"""
+from jasr.audio import AudioError, audio_info, load_audio, resample
+from jasr.augment import AudioAugment, spec_augment
+from jasr.data import BatchConfig, ManifestError, Utterance, make_loader, read_folder, read_manifest, write_manifest
+from jasr.decoding import ctc_greedy_decode, ctc_greedy_ids, ids_to_text
+from jasr.features import (CmvnStats, FeatureConfig, compute_cmvn_stats, compute_features, compute_features_jax,
+                           fbank, mfcc, num_frames, whisper_log_mel)
+from jasr.losses import ctc_loss
+from jasr.metrics import cer, wer
+from jasr.tokenizers import CharTokenizer, SentencePieceTokenizer, TokenizerError, WhisperTokenizer, load_tokenizer
+
+__version__ = "0.1.0"
+__all__ = [
+    "ctc_loss",
+    "AudioError", "audio_info", "load_audio", "resample", "AudioAugment", "spec_augment",
+    "FeatureConfig", "CmvnStats", "compute_features", "compute_features_jax", "compute_cmvn_stats", "fbank", "mfcc",
+    "whisper_log_mel", "num_frames",
+    "CharTokenizer", "SentencePieceTokenizer", "WhisperTokenizer", "load_tokenizer", "TokenizerError",
+    "Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig", "make_loader",
+    "ctc_greedy_decode", "ctc_greedy_ids", "ids_to_text", "wer", "cer",
+]
