@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import torch  # noqa: E402
 
+from fsa_ops.ctc import default_method  # noqa: E402
 from jasr.losses import ctc_loss  # noqa: E402
 
 SHAPES = [(8, 100, 32, 20), (32, 250, 32, 60), (16, 500, 500, 80), (8, 1000, 1000, 150), (4, 1500, 5000, 100)]
@@ -103,7 +104,7 @@ def main():
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
 
-    impls = ["jasr", "jasr auto", "optax", "torch"]
+    impls = ["jasr", "jasr log", "jasr auto", "optax", "torch"]
     rows = []
     for shape in shapes:
         batch, frames, classes, max_labels = shape
@@ -111,6 +112,8 @@ def main():
         logits, fp, labels, lpad, frame_lengths, label_lengths = make_inputs(*shape)
         runners, xla_mem = {}, {}
         runners["jasr"], xla_mem["jasr"] = jax_runner(ctc_loss, logits, fp, labels, lpad)
+        runners["jasr log"], xla_mem["jasr log"] = jax_runner(
+            lambda *a: ctc_loss(*a, method="log"), logits, fp, labels, lpad)
         runners["jasr auto"], xla_mem["jasr auto"] = jax_runner(
             lambda *a: ctc_loss(*a, method="auto"), logits, fp, labels, lpad)
         runners["optax"], xla_mem["optax"] = jax_runner(optax.ctc_loss, logits, fp, labels, lpad)
@@ -144,20 +147,22 @@ def main():
         "",
         "sum(loss) and d/d(logits) of float32 logits [B, T, K]; frame lengths 80-100% of T, label lengths "
         "50-100% of N. Median wall-clock of "
-        f"{args.reps} alternating calls after warm-up. `jasr` = `jasr.ctc_loss` (default method 'log'); "
-        "`jasr auto` = method='auto' (rescaled probabilities, recomputed in the log semiring when the "
-        "alpha/beta totals disagree; see fsa_ops/ctc.py). Ratios > 1 mean jasr is faster. "
+        f"{args.reps} alternating calls after warm-up. `jasr` = `jasr.ctc_loss` with its default method "
+        "(shown in brackets: 'auto' for K <= 128, else 'log'); `log` = exact log-semiring recursion; "
+        "`auto` = rescaled probabilities, recomputed with 'log' when the alpha/beta totals disagree "
+        "(see fsa_ops/ctc.py). Ratios > 1 mean jasr (default) is faster. "
         "`rel. diff` = max over implementations of |sum-loss - torch| / torch (float32 everywhere).",
         "",
-        "| B, T, K, N | jasr ms | jasr auto ms | optax ms | torch ms | optax / jasr | torch / jasr | rel. diff "
-        "| peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| B, T, K, N | jasr ms | log ms | auto ms | optax ms | torch ms | optax / jasr | torch / jasr "
+        "| rel. diff | peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         m, rss, xla, losses = r["med"], r["rss"], r["xla"], r["losses"]
         rel = max(abs(losses[n] - losses["torch"]) / abs(losses["torch"]) for n in impls)
         lines.append(
-            f"| {', '.join(map(str, r['shape']))} | {m['jasr']:.2f} | {m['jasr auto']:.2f} | {m['optax']:.2f} "
+            f"| {', '.join(map(str, r['shape']))} | {m['jasr']:.2f} ({default_method(r['shape'][2])}) "
+            f"| {m['jasr log']:.2f} | {m['jasr auto']:.2f} | {m['optax']:.2f} "
             f"| {m['torch']:.2f} | {m['optax'] / m['jasr']:.2f} | {m['torch'] / m['jasr']:.2f} | {rel:.1e} "
             f"| {mib(rss['jasr'])} / {mib(rss['optax'])} / {mib(rss['torch'])} "
             f"| {mib(xla['jasr'])} / {mib(xla['optax'])} |")
@@ -180,10 +185,10 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        width = 0.2
+        width = 0.16
         xs = np.arange(len(rows))
         for i, name in enumerate(impls):
-            ax.bar(xs + (i - 1.5) * width, [r["med"][name] for r in rows], width, label=name)
+            ax.bar(xs + (i - 2) * width, [r["med"][name] for r in rows], width, label=name)
         ax.set_xticks(xs, ["B,T,K,N=\n" + ",".join(map(str, r["shape"])) for r in rows], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("forward+backward, ms (median, log scale)")
