@@ -51,7 +51,11 @@ def main(argv):
         return 2
     from jasr.training import enable_compilation_cache, train
     enable_compilation_cache(root)
-    final = train(cfg, workdir, root=root)
+    try:
+        final = train(cfg, workdir, root=root)
+    except ConfigError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in final.items()
              if k in ("step", "loss", "dev_wer", "dev_cer", "wall_s", "skipped_total")}
     print(f"[train] done: {shown}", flush=True)

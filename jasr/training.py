@@ -156,9 +156,9 @@ def train_step(state: TrainState, batch: dict, key: jax.Array, *, task: Task,
         model_state=keep(new_ms, state.model_state),
         skipped=state.skipped + (1 - ok.astype(jnp.int32)),
     )
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     out = {"loss": jnp.where(ok, loss, jnp.nan), "grad_norm": grad_norm, "skipped": 1.0 - ok.astype(jnp.float32),
-           "tokens": weight, "param_norm": optax.global_norm(new_state.params)}
+           "tokens": weight, "param_norm": optax.tree.norm(new_state.params)}
     return new_state, out
 
 
