@@ -93,7 +93,7 @@ class Task:
         if self.name in ("conformer_ctc", "wav2vec2_ctc"):
             return self.model.init(rngs, batch["features"], batch["feature_paddings"], train=False)
         if self.name == "conformer_aed":
-            return self.model.init(rngs, batch["features"], batch["feature_paddings"], batch["decoder_inputs"],
+            return self.model.init(rngs, batch["features"], batch["feature_paddings"], batch["labels"],
                                    batch["label_paddings"], train=False)
         raise ValueError(f"no init for task {self.name!r}")
 
@@ -119,10 +119,41 @@ class Task:
             row = batch["row_weights"]
             tokens = jnp.sum((1.0 - batch["label_paddings"]) * row[:, None])
             return jnp.sum(per_utt * row), (jnp.maximum(tokens, 1.0), ms, {"ctc": jnp.sum(per_utt * row)})
+        if self.name == "conformer_aed" and self.loss_type in ("attention", "joint"):
+            from models.aed import label_smoothed_kl, shift_labels
+            mcfg = self.model.config
+            out, ms = self._apply(params, model_state, batch["features"], batch["feature_paddings"],
+                                  batch["labels"], batch["label_paddings"], key=key, train=train)
+            _, targets, tpad = shift_labels(batch["labels"], batch["label_paddings"], mcfg.sos_token, mcfg.eos_token)
+            kl, _ = label_smoothed_kl(out["att_logits"], targets, tpad, self.label_smoothing)
+            row = batch["row_weights"]
+            tokens = jnp.sum((1.0 - tpad) * row[:, None])
+            att = jnp.sum(kl * row)
+            aux = {"att": att}
+            total = att
+            if self.loss_type == "joint":
+                nll = ctc_loss(out["ctc_logits"].astype(jnp.float32), out["enc_paddings"], batch["labels"],
+                               batch["label_paddings"], self.blank_id)
+                aux["ctc"] = jnp.sum(nll * row)
+                total = self.ctc_weight * aux["ctc"] + (1.0 - self.ctc_weight) * att
+            return total, (jnp.maximum(tokens, 1.0), ms, aux)
         raise ValueError(f"loss type {self.loss_type!r} is not available for {self.name!r}")
+
+    def attention_greedy(self, params, model_state, batch):
+        """Greedy attention decoding -> (ids [B, L] left-aligned, lengths [B]); L = label bucket + 1."""
+        from models.aed import greedy_search
+        batch = self.prepare(batch, None, False)
+        toks, tpad, _ = greedy_search(self.model, {"params": params, **model_state}, batch["features"],
+                                      batch["feature_paddings"], batch["labels"].shape[1] + 1)
+        return toks.astype(jnp.int32), jnp.sum(1.0 - tpad, axis=1).astype(jnp.int32)
 
     def ctc_logits(self, params, model_state, batch):
         batch = self.prepare(batch, None, False)
+        if self.name == "conformer_aed":
+            from models.aed import AEDModel
+            _, pad, logits = self.model.apply({"params": params, **model_state}, batch["features"],
+                                              batch["feature_paddings"], False, method=AEDModel.encode)
+            return logits, pad
         (logits, out_pad), _ = self._apply(params, model_state, batch["features"], batch["feature_paddings"],
                                            train=False)
         return logits, out_pad
@@ -169,6 +200,8 @@ def eval_step(state: TrainState, batch: dict, *, task: Task) -> dict:
     if task.loss_type in ("ctc", "joint"):
         logits, pad = task.ctc_logits(state.params, state.model_state, batch)
         out["ids"], out["lengths"] = decoding.ctc_greedy_decode(logits, pad, task.blank_id)
+    elif task.loss_type == "attention":
+        out["ids"], out["lengths"] = task.attention_greedy(state.params, state.model_state, batch)
     return out
 
 
@@ -380,8 +413,18 @@ def build_task(cfg, vocab_size: int, fc) -> Task:
         from models.conformer import ConformerConfig, ConformerCTC
         mcfg = ConformerConfig(**{**fields, "vocab_size": vocab_size, "input_dim": feature_dim(fc)})
         model = ConformerCTC(mcfg)
+    elif name == "conformer_aed":
+        from models.aed import AEDConfig, AEDModel
+        enc = dict(fields.pop("encoder", {}))
+        enc["input_dim"] = feature_dim(fc)
+        if "dtype" in fields:
+            enc["dtype"] = fields.pop("dtype")
+        mcfg = AEDConfig.from_dict({**fields, "encoder": enc, "vocab_size": vocab_size + 1,  # + sos/eos id
+                                    "ctc_weight": cfg.loss.ctc_weight if cfg.loss.type == "joint" else 0.0,
+                                    "label_smoothing": cfg.loss.label_smoothing})
+        model = AEDModel(mcfg)
     else:
-        raise ValueError(f"model {name!r} is not wired into training yet")
+        raise ValueError(f"model {name!r} is not wired into training yet (conformer_ctc and conformer_aed are)")
     return Task(name=name, model=model, loss_type=cfg.loss.type, ctc_weight=cfg.loss.ctc_weight,
                 label_smoothing=cfg.loss.label_smoothing, frontend=frontend)
 

@@ -168,3 +168,43 @@ def test_bf16_mixed_precision_step():
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.opt_state) if hasattr(x, "dtype")
                and jnp.issubdtype(x.dtype, jnp.floating))
+
+
+# ------------------------------------------------------------------------------------------------ other configs
+
+def _tiny_from_config(name, **model):
+    import os
+    from jasr.config import load_config_file, validate_config
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config_file(os.path.join(root, "configs", name))
+    for k, v in model.items():
+        cfg.model[k] = v
+    validate_config(cfg, check_paths=False)
+    return cfg
+
+
+@pytest.mark.parametrize("loss_type", ["joint", "attention"])
+def test_conformer_aed_config_trains_a_few_steps(loss_type):
+    from jasr.features import FeatureConfig
+    from jasr.training import build_task, dummy_batch, eval_step
+    cfg = _tiny_from_config("conformer_aed.py",
+                            encoder=dict(d_model=32, num_layers=1, num_heads=2, ff_mult=2, conv_kernel=7,
+                                         subsampling_channels=8),
+                            decoder=dict(type="transformer", num_layers=1, num_heads=2, ff_dim=64))
+    cfg.loss.type = loss_type
+    cfg.data.device_features = False
+    cfg.data.spec_augment = False
+    fc = FeatureConfig(num_mel_bins=16)
+    task = build_task(cfg, 6, fc)
+    batch = _batch()
+    tx = optim.make_optimizer(schedule=optax.constant_schedule(3e-3))
+    state = create_train_state(jax.random.PRNGKey(0), task, tx, batch)
+    step = jax.jit(functools.partial(train_step, task=task, tx=tx))
+    losses = []
+    for _ in range(6):
+        state, m = step(state, batch, step_key(state))
+        losses.append(float(m["loss"]))
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    out = jax.jit(functools.partial(eval_step, task=task))(state, batch)
+    assert out["ids"].shape[0] == 4 and out["lengths"].shape == (4,)
+    del dummy_batch
