@@ -47,14 +47,14 @@ def get_config():
     o = c.optim
     o.lr = 2e-3
     o.schedule = "cosine"
-    o.warmup_steps = 60
+    o.warmup_steps = 40
     o.final_lr_ratio = 0.02
 
     t = c.train
-    t.num_steps = 600
+    t.num_steps = 400
     t.log_every = 20
-    t.eval_every = 200
-    t.checkpoint_every = 200
+    t.eval_every = 100
+    t.checkpoint_every = 100
     t.keep_last = 2
     t.keep_best = 1
     return c
