@@ -166,6 +166,7 @@ def main(argv=None):
     import torch
 
     t0 = time.time()
+    load0 = os.getloadavg()[0]
     rows = bench_whisper(sizes=tuple(args.sizes.split(",")), repeats=args.repeats)
     if not args.no_wav2vec2:
         rows += bench_wav2vec2(repeats=args.repeats)
@@ -173,7 +174,9 @@ def main(argv=None):
               f"Random weights from the real configs; median of {args.repeats} runs after a warm-up; "
               f"{os.cpu_count()} CPU cores, torch threads = {torch.get_num_threads()}. Decoder: greedy, "
               f"{PROMPT}-token prompt + {NEW_TOKENS} new tokens, KV cache, encoder output given. "
-              f"Speed-up = transformers time / jasr time. Total bench time {time.time() - t0:.0f} s.")
+              f"Speed-up = transformers time / jasr time. Total bench time {time.time() - t0:.0f} s. "
+              f"Load average at start/end: {load0:.1f} / {os.getloadavg()[0]:.1f} (above the core count the "
+              f"figures are inflated, torch's OpenMP threads more than XLA's).")
     md = to_markdown(rows, header)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
