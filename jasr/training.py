@@ -53,17 +53,6 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0):
     return _ctc(logits, logit_paddings, labels, label_paddings, blank_id=blank_id)
 
 
-def label_smoothed_ce(logits, targets, paddings, smoothing: float):
-    """Sum over valid positions of label-smoothed cross entropy; logits [B,N,V], targets/paddings [B,N]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    v = logits.shape[-1]
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    smooth = -jnp.mean(logp, axis=-1)
-    loss = (1.0 - smoothing) * nll + smoothing * smooth
-    del v
-    return jnp.sum(loss * (1.0 - paddings)), jnp.sum(1.0 - paddings)
-
-
 # ------------------------------------------------------------------------------------------------------------
 # tasks: how a model family is initialised, scored and decoded
 
