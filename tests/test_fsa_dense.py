@@ -104,7 +104,7 @@ def _traced_tot_and_grads(g, lp, segs, beam):
     return dense_tot_scores(g, DenseFsaVec(lp, segs), output_beam=beam), jax.grad(f, argnums=(0, 1))(lp, g.score)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=12)
 @given(graphs, dense_inputs(), st.sampled_from([math.inf, 1.0]))
 def test_dense_tot_scores_and_grads_match_enumeration(graph, dense, beam):
     lp, segs = dense
@@ -125,7 +125,7 @@ def test_dense_tot_scores_and_grads_match_enumeration(graph, dense, beam):
     _close(g_lp, ref_glp, 2e-4)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=8)
 @given(graphs, dense_inputs())
 def test_lattice_matches_enumeration(graph, dense):
     """intersect_dense's lattice: total scores (log/tropical) and best path; traced (segment) path."""
@@ -302,7 +302,7 @@ def _greedy_k1(graph, lp, seg):
     return score
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(SETTINGS, max_examples=8)
 @given(graphs, dense_inputs())
 def test_pruned_wide_beam_equals_intersect_dense_and_k1_is_greedy(graph, dense):
     lp, segs = dense

@@ -15,7 +15,7 @@ from fsa_ops.scores import (get_arc_post, get_backward_scores, get_forward_score
 from fsa_ops.shortest_path import shortest_path
 
 B, A_PAD, S_PAD = 3, 12, 6
-SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _pad(fsas):
