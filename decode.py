@@ -11,7 +11,9 @@ usage: python decode.py --workdir DIR [--split NAME | --manifest FILE.jsonl | FI
   --show N            print N example transcripts (default 5)
   --output FILE       where to write per-utterance results (default DIR/decode_<split>.jsonl)
 
-Decoding is greedy CTC (best path). Prints WER and CER against the references.
+Decoding is greedy: CTC best path (conformer_ctc, wav2vec2_ctc, conformer_aed with loss.type="joint") or greedy
+attention decoding (conformer_aed with loss.type="attention", whisper). Prints WER and CER against the references.
+A wav2vec2_pretrain run has no decoder: decode.py refuses it (its dev loss is in DIR/metrics.jsonl).
 """
 import json
 import os
@@ -90,16 +92,20 @@ def main(argv):
     try:
         run = load_run(opts["workdir"], checkpoint=opts["checkpoint"], root=root)
         cfg, tok, task, state, step = run.config, run.tokenizer, run.task, run.state, run.step
+        if not task.has_decoder:
+            raise ValueError(f"{opts['workdir']} is a {cfg.model.name} run: it has no decoder to transcribe with "
+                             f"(fine-tune it with configs/wav2vec2_ctc.py; its dev loss is in metrics.jsonl)")
         name, utts = _utterances(opts, cfg, root)
     except (ValueError, FileNotFoundError) as e:
         print(f"decode.py: error: {e}", file=sys.stderr)
         return 2
-    from jasr.training import batch_config, feature_config
+    from jasr.training import batch_config, feature_config, label_fn_for
     texts = {u.id: u.text for u in utts}
     # utterances without a transcript are decoded with a placeholder label (the loader needs one)
     placeholder = "<no transcript>"
     utts = [u if u.text.strip() else dataclasses.replace(u, text=placeholder) for u in utts]
-    label_fn = (lambda text: [1] if text == placeholder else tok.encode(text))
+    encode = label_fn_for(cfg, tok) or tok.encode
+    label_fn = (lambda text: [1] if text == placeholder else encode(text))
     loader = make_eval_loader(cfg, utts, tok, feature_config(cfg), batch_config(cfg), edges=run.bucket_edges,
                               label_fn=label_fn)
     print(f"[decode] {len(utts)} utterances of {name!r} with checkpoint step {step} of {opts['workdir']}",

@@ -3,7 +3,8 @@
 usage: python train.py --config configs/NAME.py[:ARG] [--config.SECTION.KEY=VALUE ...] --workdir DIR
 
   --config FILE          a Python file whose get_config() returns an ml_collections.ConfigDict
-                         (configs/demo.py, configs/fsdd.py, ...); FILE:ARG calls get_config(ARG)
+                         (configs/demo.py, configs/fsdd.py, configs/conformer_aed.py, configs/wav2vec2_ctc.py,
+                         configs/whisper_finetune.py, configs/wav2vec2_pretrain.py); FILE:ARG calls get_config(ARG)
   --config.KEY=VALUE     override one config value, e.g. --config.optim.lr=3e-4 --config.train.num_steps=100;
                          the value is parsed as the type of the current value; unknown keys are errors
   --workdir DIR          run folder: checkpoints/, metrics.jsonl, tb/ (TensorBoard), config.json, tokenizer.json;
@@ -57,7 +58,7 @@ def main(argv):
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in final.items()
-             if k in ("step", "loss", "dev_wer", "dev_cer", "wall_s", "skipped_total")}
+             if k in ("step", "loss", "dev_loss", "dev_wer", "dev_cer", "wall_s", "skipped_total")}
     print(f"[train] done: {shown}", flush=True)
     return 0
 

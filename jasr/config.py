@@ -76,7 +76,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss = ml_collections.ConfigDict()
     c.loss.type = "ctc"                 # "ctc" | "attention" | "joint" | "wav2vec2_pretrain"
     c.loss.ctc_weight = 0.3             # joint: ctc_weight * CTC + (1 - ctc_weight) * attention
-    c.loss.label_smoothing = 0.1        # attention CE
+    c.loss.label_smoothing = 0.1        # attention CE (conformer_aed, whisper)
+    # wav2vec2_pretrain: Gumbel-softmax temperature of step s = max(max * decay**s, min) (transformers' recipe)
+    c.loss.max_gumbel_temperature = 2.0
+    c.loss.min_gumbel_temperature = 0.5
+    c.loss.gumbel_temperature_decay = 0.999995
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-3
@@ -102,7 +106,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.max_eval_batches = 0        # 0 = the whole dev set
     c.train.progress = True             # tqdm bar
     c.train.tensorboard = True
-    c.train.init_from = ""              # HF directory to initialise from (wav2vec2_ctc / whisper)
+    c.train.init_from = ""              # HF directory to initialise from (wav2vec2_ctc / whisper / wav2vec2_pretrain)
+    c.train.freeze_feature_encoder = False  # wav2vec2: the conv feature encoder gets no updates (HF fine-tuning)
+    c.train.max_decode_tokens = 0       # whisper dev decoding: tokens per utterance (0: label bucket length + 8)
     c.train.stop_after = 0              # stop (checkpointed) after this many steps of this process (0 = no)
     return c
 
@@ -244,9 +250,46 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                                         f"got {t.precision!r}")
     _require(t.max_eval_batches >= 0 and t.stop_after >= 0, "config 'train.max_eval_batches' and "
                                                             "'train.stop_after' must be >= 0")
+    name = cfg.model.name
+    _require(0 < l.min_gumbel_temperature <= l.max_gumbel_temperature,
+             f"config 'loss.min_gumbel_temperature'={l.min_gumbel_temperature} must be > 0 and <= "
+             f"'loss.max_gumbel_temperature'={l.max_gumbel_temperature}")
+    _require(0 < l.gumbel_temperature_decay <= 1.0, f"config 'loss.gumbel_temperature_decay' must be in (0, 1], "
+                                                   f"got {l.gumbel_temperature_decay}")
+    _require(t.max_decode_tokens >= 0, f"config 'train.max_decode_tokens' must be >= 0, got {t.max_decode_tokens}")
+    if name in ("wav2vec2_ctc", "wav2vec2_pretrain"):
+        _require(d.feature == "raw", f"config 'data.feature' must be 'raw' for model {name!r} (it reads 16 kHz "
+                                     f"waveforms), got {d.feature!r}")
+        _require(d.sample_rate == 16000, f"config 'data.sample_rate' must be 16000 for {name!r}, got {d.sample_rate}")
+        _require(not d.spec_augment, f"config 'data.spec_augment' must be False for {name!r} (the model masks its "
+                                     f"own frames: model.mask_time_prob / mask_feature_prob)")
+    else:
+        _require(not t.freeze_feature_encoder, f"config 'train.freeze_feature_encoder' is for wav2vec2 models, "
+                                               f"not {name!r}")
+    if name == "whisper":
+        _require(d.feature == "whisper", f"config 'data.feature' must be 'whisper' for model 'whisper', "
+                                         f"got {d.feature!r}")
+        _require(d.normalize == "none", f"config 'data.normalize' must be 'none' for model 'whisper' (its log-mel "
+                                        f"is scaled already), got {d.normalize!r}")
+        _require(d.tokenizer != "char", "config 'data.tokenizer' must be a Whisper tokenizer for model 'whisper' "
+                                        "('whisper:multilingual', 'whisper:gpt2' or a tokenizer file), got 'char'")
+        _require(not d.spec_augment, "config 'data.spec_augment' is not supported for model 'whisper'")
+    if name in ("conformer_ctc", "conformer_aed"):
+        _require(not t.init_from, f"config 'train.init_from' is not supported for {name!r} (HF import exists for "
+                                  f"wav2vec2 and whisper)")
+    if name == "wav2vec2_ctc":
+        _require(d.tokenizer == "char", f"config 'data.tokenizer' must be 'char' for 'wav2vec2_ctc' (the CTC head "
+                                        f"is sized to jasr's character vocabulary, blank 0), got {d.tokenizer!r}")
+    if t.init_from and check_paths:
+        root = repo_root or os.getcwd()
+        full = t.init_from if os.path.isabs(t.init_from) else os.path.join(root, t.init_from)
+        _require(not os.path.isdir(full) or os.path.isfile(os.path.join(full, "config.json")),
+                 f"config 'train.init_from': {t.init_from!r} is not a Hugging Face model directory (no config.json)")
     # the model section: every key must be a field of the model's config dataclass
     cls = model_config_class(cfg.model.name)
     fields = {f.name for f in dataclasses.fields(cls)}
+    if cfg.model.name == "whisper":
+        fields |= {"remat", "scan_layers"}          # WhisperModel options (not WhisperConfig fields)
     for k in model_fields(cfg):
         _require(k in fields, f"unknown config key 'model.{k}' for model {cfg.model.name!r}"
                               f"{_suggest(k, sorted(fields))}")
@@ -259,7 +302,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
             if p and not (d.demo and key.startswith("data.")):
                 full = p if os.path.isabs(p) else os.path.join(root, p)
                 _require(os.path.exists(full), f"config {key!r}: {p!r} does not exist (resolved to {full})")
-        if d.tokenizer != "char":
+        if d.tokenizer != "char" and not d.tokenizer.startswith("whisper:"):
             full = d.tokenizer if os.path.isabs(d.tokenizer) else os.path.join(root, d.tokenizer)
             _require(os.path.exists(full), f"config 'data.tokenizer': {d.tokenizer!r} is neither 'char' nor an "
                                            f"existing file")

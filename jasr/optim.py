@@ -47,11 +47,27 @@ def decay_mask(params):
     return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
+def param_path(path) -> str:
+    """'a/b/c' for a jax key path (dict keys joined by '/')."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def frozen_labels(params, frozen: tuple[str, ...]):
+    """'frozen' for every leaf whose path ('a/b/c') starts with one of the `frozen` prefixes, else 'train'."""
+    def label(path, _):
+        name = param_path(path)
+        return "frozen" if any(name == f or name.startswith(f + "/") for f in frozen) else "train"
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
 def make_optimizer(*, schedule: optax.Schedule, b1: float = 0.9, b2: float = 0.98, eps: float = 1e-8,
-                   weight_decay: float = 0.01, clip_norm: float | None = 1.0, grad_accum: int = 1
-                   ) -> optax.GradientTransformation:
+                   weight_decay: float = 0.01, clip_norm: float | None = 1.0, grad_accum: int = 1,
+                   frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
     """AdamW with global-norm clipping; with ``grad_accum = k > 1`` gradients of k calls are averaged before one
-    update (optax.MultiSteps), and `schedule` counts updates, not calls."""
+    update (optax.MultiSteps), and `schedule` counts updates, not calls.
+
+    `frozen`: parameter path prefixes ('wav2vec2/feature_extractor') that never change (no update, no weight
+    decay; clipping sees only the trainable gradients), as torch's ``requires_grad = False``."""
     if grad_accum < 1:
         raise ValueError(f"optim.grad_accum must be >= 1, got {grad_accum}")
     parts = []
@@ -59,16 +75,20 @@ def make_optimizer(*, schedule: optax.Schedule, b1: float = 0.9, b2: float = 0.9
         parts.append(optax.clip_by_global_norm(clip_norm))
     parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
     tx = optax.chain(*parts)
+    if frozen:
+        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                                   lambda params: frozen_labels(params, tuple(frozen)))
     if grad_accum > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=grad_accum)
     return tx
 
 
-def make_optimizer_from_config(optim_cfg, total_updates: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Builds (optimizer, schedule) from the ``optim`` section of a run config."""
+def make_optimizer_from_config(optim_cfg, total_updates: int, frozen: tuple[str, ...] = ()
+                               ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Builds (optimizer, schedule) from the ``optim`` section of a run config (`frozen`: see make_optimizer)."""
     sched = make_schedule(optim_cfg.schedule, lr=optim_cfg.lr, warmup_steps=optim_cfg.warmup_steps,
                           total_steps=total_updates, final_lr_ratio=optim_cfg.final_lr_ratio)
     tx = make_optimizer(schedule=sched, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
                         weight_decay=optim_cfg.weight_decay, clip_norm=optim_cfg.clip_norm,
-                        grad_accum=optim_cfg.grad_accum)
+                        grad_accum=optim_cfg.grad_accum, frozen=tuple(frozen))
     return tx, sched

@@ -56,6 +56,26 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0):
 # ------------------------------------------------------------------------------------------------------------
 # tasks: how a model family is initialised, scored and decoded
 
+_HF_FAMILIES = ("wav2vec2_ctc", "wav2vec2_pretrain", "whisper")   # plain (unboxed) params, HF import
+
+
+def normalize_audio(audio, paddings):
+    """Zero mean, unit variance over each row's valid samples (Wav2Vec2FeatureExtractor's do_normalize); padded
+    samples stay 0. audio, paddings [B, S] -> [B, S]."""
+    valid = 1.0 - paddings.astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(valid, axis=-1, keepdims=True), 1.0)
+    mean = jnp.sum(audio * valid, axis=-1, keepdims=True) / n
+    var = jnp.sum(jnp.square((audio - mean) * valid), axis=-1, keepdims=True) / n
+    return (audio - mean) / jnp.sqrt(var + 1e-7) * valid
+
+
+def stop_frozen(params, frozen: tuple):
+    """`params` with lax.stop_gradient on the leaves under the `frozen` path prefixes (no backward pass there)."""
+    from jasr.optim import frozen_labels
+    labels = frozen_labels(params, tuple(frozen))
+    return jax.tree.map(lambda p, l: jax.lax.stop_gradient(p) if l == "frozen" else p, params, labels)
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """The model-specific part of training (hashable: a static argument of the jitted steps).
@@ -71,16 +91,36 @@ class Task:
     label_smoothing: float = 0.1
     blank_id: int = 0
     frontend: Any = None          # Frontend: on-device features / SpecAugment
+    frozen: tuple = ()            # parameter path prefixes that get no gradient and no update (jasr.optim)
+    prompt: tuple = ()            # whisper: decoder prompt <|startoftranscript|><|lang|><|transcribe|><|notimestamps|>
+    eos_id: int = 0               # whisper: <|endoftext|> (ends the targets and greedy decoding)
+    max_decode_tokens: int = 0    # whisper dev decoding: 0 = label bucket length + 8
+    suppress_tokens: tuple = ()   # whisper decoding (generation_config.json of train.init_from)
+    begin_suppress_tokens: tuple = ()
+    gumbel: tuple = (2.0, 0.5, 0.999995)   # wav2vec2_pretrain: (max, min, decay) of the Gumbel temperature
 
     def init(self, key, batch) -> dict:
-        return self._init_fn(key, self.prepare(batch, None, False))
+        variables = self._init_fn(key, self.prepare(batch, None, False))
+        if self.name in _HF_FAMILIES:
+            variables = nn.unbox(variables)
+        return variables
+
+    @property
+    def has_decoder(self) -> bool:
+        """False for self-supervised pretraining: no transcripts, dev evaluation reports the loss only."""
+        return self.loss_type != "wav2vec2_pretrain"
 
     # -- model families ----------------------------------------------------------------------------------------
     def _init_fn(self, key, batch):
         k1, k2 = jax.random.split(key)
         rngs = {"params": k1, "dropout": k2}
-        if self.name in ("conformer_ctc", "wav2vec2_ctc"):
+        if self.name == "conformer_ctc":
             return self.model.init(rngs, batch["features"], batch["feature_paddings"], train=False)
+        if self.name in ("wav2vec2_ctc", "wav2vec2_pretrain"):
+            return self.model.init(rngs, batch["audio"], batch["audio_paddings"], deterministic=True)
+        if self.name == "whisper":
+            ids = jnp.zeros((batch["labels"].shape[0], 4), jnp.int32)
+            return self.model.init(rngs, jnp.swapaxes(batch["features"], 1, 2), ids)
         if self.name == "conformer_aed":
             return self.model.init(rngs, batch["features"], batch["feature_paddings"], batch["labels"],
                                    batch["label_paddings"], train=False)
@@ -96,10 +136,22 @@ class Task:
         return self.model.apply(variables, *args, train=train, rngs=rngs, **kw), model_state
 
     def prepare(self, batch, key, train: bool):
+        if self.name in ("wav2vec2_ctc", "wav2vec2_pretrain"):
+            batch = dict(batch)
+            batch["audio"] = normalize_audio(batch["audio"], batch["audio_paddings"])
+            return batch
         return self.frontend(batch, key, train) if self.frontend is not None else batch
 
     def loss(self, params, model_state, batch, key, train: bool):
         batch = self.prepare(batch, key, train)
+        if self.frozen:
+            params = stop_frozen(params, self.frozen)
+        if self.name == "wav2vec2_ctc":
+            return self._wav2vec2_ctc_loss(params, batch, key, train)
+        if self.name == "wav2vec2_pretrain":
+            return self._wav2vec2_pretrain_loss(params, batch, key, train)
+        if self.name == "whisper":
+            return self._whisper_loss(params, batch, key, train)
         if self.loss_type == "ctc":
             (logits, out_pad), ms = self._apply(params, model_state, batch["features"], batch["feature_paddings"],
                                                 key=key, train=train)
@@ -128,9 +180,95 @@ class Task:
             return total, (jnp.maximum(tokens, 1.0), ms, aux)
         raise ValueError(f"loss type {self.loss_type!r} is not available for {self.name!r}")
 
+    # -- wav2vec2 / whisper ------------------------------------------------------------------------------------
+    def _wav2vec2_ctc_loss(self, params, batch, key, train):
+        """CTC on the model's own SpecAugment (time/feature masks from the 'mask' rng when training)."""
+        rngs = None
+        if train and key is not None:
+            kd, km = jax.random.split(key)
+            rngs = {"dropout": kd, "mask": km}
+        out = self.model.apply({"params": params}, batch["audio"], batch["audio_paddings"], deterministic=not train,
+                               rngs=rngs)
+        per_utt = ctc_loss(out.logits.astype(jnp.float32), out.paddings, batch["labels"], batch["label_paddings"],
+                           self.blank_id)
+        row = batch["row_weights"]
+        tokens = jnp.sum((1.0 - batch["label_paddings"]) * row[:, None])
+        return jnp.sum(per_utt * row), (jnp.maximum(tokens, 1.0), {}, {"ctc": jnp.sum(per_utt * row)})
+
+    def gumbel_temperature(self, step) -> jax.Array:
+        """max(max_temp * decay**step, min_temp), as transformers' wav2vec2 pretraining script."""
+        hi, lo, decay = self.gumbel
+        return jnp.maximum(hi * jnp.power(jnp.float32(decay), jnp.asarray(step, jnp.float32)), lo)
+
+    def _wav2vec2_pretrain_loss(self, params, batch, key, train):
+        """Contrastive + diversity loss summed over masked frames; weight = masked frames (so the reported loss
+        is per masked frame). Eval uses a fixed key, so the dev loss of two checkpoints is comparable."""
+        from models.wav2vec2_pretrain import pretraining_loss, sample_pretraining_inputs
+        mcfg = self.model.config
+        audio, pads = batch["audio"], batch["audio_paddings"]
+        k = key if (train and key is not None) else jax.random.PRNGKey(0)
+        k_in, kd, kg = jax.random.split(k, 3)
+        mask, neg = sample_pretraining_inputs(k_in, mcfg, audio.shape[0], audio.shape[1], pads)
+        mask = mask & (batch["row_weights"][:, None] > 0)
+        temp = self.gumbel_temperature(batch.get("_step", 0))
+        out = self.model.apply({"params": params}, audio, pads, mask_time_indices=mask, deterministic=not train,
+                               gumbel_temperature=temp, rngs={"dropout": kd, "gumbel": kg} if train else None)
+        pl = pretraining_loss(mcfg, out, mask, neg)
+        aux = {"contrastive": pl.contrastive_loss, "diversity": pl.diversity_loss,
+               "perplexity": out.codevector_perplexity, "gumbel_temperature": temp}
+        return pl.loss, (jnp.maximum(pl.num_masked, 1.0), {}, aux)
+
+    def _whisper_inputs(self, batch):
+        """(features [B, n_mels, 3000], decoder inputs [B, P + N - 1], targets, target weights) from loader labels
+        = text tokens + <|endoftext|>: inputs = prompt + labels[:-1], loss on the text tokens and eot only."""
+        labels, lpad = batch["labels"], batch["label_paddings"]
+        b, n = labels.shape
+        p = len(self.prompt)
+        limit = self.model.config.max_target_positions
+        if p + n - 1 > limit:
+            raise ValueError(f"whisper: prompt ({p}) + label bucket ({n}) tokens exceed max_target_positions={limit}; "
+                             f"use shorter utterances")
+        full = jnp.concatenate([jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p)),
+                                labels.astype(jnp.int32)], axis=1)
+        weights = jnp.concatenate([jnp.zeros((b, p - 1), jnp.float32), 1.0 - lpad], axis=1)
+        weights = weights * batch["row_weights"][:, None]
+        return jnp.swapaxes(batch["features"], 1, 2), full[:, :-1], full[:, 1:], weights
+
+    def _whisper_loss(self, params, batch, key, train):
+        """Label-smoothed CE on the text tokens: (1 - eps) * NLL + eps * mean over the vocabulary of -log p (the
+        transformers Trainer's label smoother)."""
+        feats, inputs, targets, w = self._whisper_inputs(batch)
+        model = self.model.clone(deterministic=not train) if train else self.model
+        rngs = {"dropout": key} if (train and key is not None) else None
+        logits = model.apply({"params": params}, feats, inputs, rngs=rngs)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        eps = self.label_smoothing
+        ce = (1.0 - eps) * nll - eps * jnp.mean(logp, axis=-1)
+        total = jnp.sum(ce * w)
+        return total, (jnp.maximum(jnp.sum(w), 1.0), {}, {"nll": jnp.sum(nll * w)})
+
+    def _whisper_greedy(self, params, batch):
+        from models.whisper_generate import DecodeOptions, generate_from_encoder
+        feats = jnp.swapaxes(batch["features"], 1, 2)
+        b, n = batch["labels"].shape
+        p = len(self.prompt)
+        max_new = min(self.max_decode_tokens or n + 8, self.model.config.max_target_positions - p)
+        opts = DecodeOptions(max_new_tokens=max_new, eos_token_id=self.eos_id, pad_token_id=self.eos_id,
+                             suppress_tokens=self.suppress_tokens, begin_suppress_tokens=self.begin_suppress_tokens)
+        enc = self.model.apply({"params": params}, feats, method="encode")
+        prompt = jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p))
+        seqs, _ = generate_from_encoder(self.model, params, enc, prompt, opts)
+        gen = seqs[:, p:]
+        is_eos = gen == self.eos_id
+        lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), gen.shape[1])
+        return gen.astype(jnp.int32), lengths.astype(jnp.int32)
+
     def attention_greedy(self, params, model_state, batch):
         """Greedy attention decoding -> (ids [B, L] left-aligned, lengths [B]); L = label bucket + 1."""
         from models.aed import greedy_search
+        if self.name == "whisper":
+            return self._whisper_greedy(params, self.prepare(batch, None, False))
         batch = self.prepare(batch, None, False)
         toks, tpad, _ = greedy_search(self.model, {"params": params, **model_state}, batch["features"],
                                       batch["feature_paddings"], batch["labels"].shape[1] + 1)
@@ -143,6 +281,9 @@ class Task:
             _, pad, logits = self.model.apply({"params": params, **model_state}, batch["features"],
                                               batch["feature_paddings"], False, method=AEDModel.encode)
             return logits, pad
+        if self.name == "wav2vec2_ctc":
+            out = self.model.apply({"params": params}, batch["audio"], batch["audio_paddings"], deterministic=True)
+            return out.logits, out.paddings
         (logits, out_pad), _ = self._apply(params, model_state, batch["features"], batch["feature_paddings"],
                                            train=False)
         return logits, out_pad
@@ -159,6 +300,8 @@ def _all_finite(tree) -> jax.Array:
 def train_step(state: TrainState, batch: dict, key: jax.Array, *, task: Task,
                tx: optax.GradientTransformation) -> tuple[TrainState, dict]:
     """One micro-batch: loss, gradients, (accumulated) AdamW update unless anything is non-finite."""
+
+    batch = {**batch, "_step": state.step}
 
     def loss_fn(params):
         loss_sum, (weight, ms, aux) = task.loss(params, state.model_state, batch, key, True)
@@ -179,7 +322,11 @@ def train_step(state: TrainState, batch: dict, key: jax.Array, *, task: Task,
     grad_norm = optax.tree.norm(grads)
     out = {"loss": jnp.where(ok, loss, jnp.nan), "grad_norm": grad_norm, "skipped": 1.0 - ok.astype(jnp.float32),
            "tokens": weight, "param_norm": optax.tree.norm(new_state.params)}
+    out.update({k: aux[k] for k in _LOGGED_AUX if k in aux})
     return new_state, out
+
+
+_LOGGED_AUX = ("gumbel_temperature", "perplexity")   # per-step values averaged into the train log
 
 
 def eval_step(state: TrainState, batch: dict, *, task: Task) -> dict:
@@ -223,6 +370,7 @@ class RunData:
     manifests: dict                # split name -> manifest path
     train: list                    # list[jasr.data.Utterance]
     dev: list
+    label_fn: Any = None           # text -> label ids for the loaders (None: tokenizer.encode)
 
 
 def resolve(path: str, root: str) -> str:
@@ -255,7 +403,10 @@ def load_split(cfg, manifests: dict, name: str) -> list:
     from jasr.data import read_manifest
     if name not in manifests:
         raise ValueError(f"unknown split {name!r}; this config has {sorted(manifests)}")
-    utts = read_manifest(manifests[name])
+    pretrain = cfg.model.name == "wav2vec2_pretrain"
+    utts = read_manifest(manifests[name], allow_empty_text=pretrain)
+    if pretrain:   # no transcripts needed: a placeholder keeps the loader's non-empty-text contract
+        utts = [u if u.text.strip() else dataclasses.replace(u, text=PRETRAIN_TEXT) for u in utts]
     spk_train, spk_dev = tuple(cfg.data.speakers_train), tuple(cfg.data.speakers_dev)
     if name == "train" and (spk_train or spk_dev):
         utts = [u for u in utts if (u.speaker in spk_train if spk_train else u.speaker not in spk_dev)]
@@ -266,9 +417,26 @@ def load_split(cfg, manifests: dict, name: str) -> list:
     return utts
 
 
+PRETRAIN_TEXT = "-"
+
+
+def label_fn_for(cfg, tokenizer):
+    """How the loaders turn a transcript into labels: whisper: BPE of " " + text, then <|endoftext|> (the decoder
+    prompt is added in the step); wav2vec2_pretrain: a dummy [1] (no labels); else None (tokenizer.encode)."""
+    if cfg.model.name == "whisper":
+        from jasr.tokenizers import normalize_whitespace
+        return lambda text: tokenizer.encode(" " + normalize_whitespace(text)) + [tokenizer.eot]
+    if cfg.model.name == "wav2vec2_pretrain":
+        return lambda text: [1]
+    return None
+
+
 def feature_config(cfg):
     from jasr.features import FeatureConfig
     d = cfg.data
+    if d.feature == "whisper" and cfg.model.name == "whisper":   # 30 s windows, as WhisperFeatureExtractor
+        return FeatureConfig(kind="whisper", sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
+                             normalize="none", whisper_pad_or_trim=True)
     if d.feature == "raw":
         return FeatureConfig(kind="fbank", sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins, normalize="none")
     return FeatureConfig(kind=d.feature, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
@@ -307,7 +475,10 @@ def load_or_make_tokenizer(cfg, workdir: str, train_utts, root: str):
         tok.save(path + ".tmp")
         os.replace(path + ".tmp", path)
         return tok
-    tok = load_tokenizer(resolve(cfg.data.tokenizer, root))
+    spec = cfg.data.tokenizer
+    tok = load_tokenizer(spec if spec.startswith("whisper:") else resolve(spec, root))
+    tok.save(path + ".tmp")   # the run keeps its own copy (decode.py, resume)
+    os.replace(path + ".tmp", path)
     return tok
 
 
@@ -316,13 +487,13 @@ def prepare_data(cfg, workdir: str, root: str) -> RunData:
     train = load_split(cfg, manifests, "train")
     dev = load_split(cfg, manifests, "dev") if "dev" in manifests else []
     tok = load_or_make_tokenizer(cfg, workdir, train, root)
-    return RunData(tok, feature_config(cfg), batch_config(cfg), manifests, train, dev)
+    return RunData(tok, feature_config(cfg), batch_config(cfg), manifests, train, dev, label_fn_for(cfg, tok))
 
 
 def make_train_loader(cfg, data: RunData):
     from jasr.data import make_loader
     return make_loader(data.train, data.tokenizer, data.feature_config, data.batch_config, seed=cfg.data.shuffle_seed,
-                       shuffle=True, num_epochs=None, worker_count=cfg.data.num_workers)
+                       shuffle=True, num_epochs=None, worker_count=cfg.data.num_workers, label_fn=data.label_fn)
 
 
 def make_eval_loader(cfg, utts, tokenizer, fc, bc, *, edges=None, label_fn=None):
@@ -387,8 +558,108 @@ class Frontend:
         return batch
 
 
-def build_task(cfg, vocab_size: int, fc) -> Task:
-    """Model + loss for the config's model.name (vocab_size and input dim are filled in from the data)."""
+def _read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def init_source(cfg, workdir: str, root: str) -> str | None:
+    """The folder with the HF ``config.json`` (+ ``generation_config.json``) the model architecture comes from:
+    a copy of train.init_from's in ``workdir/init_from/`` (made on the first call), so that a run folder stays
+    loadable (decode.py) without the original directory. None without train.init_from."""
+    import shutil
+    if not cfg.train.init_from:
+        return None
+    local = os.path.join(workdir, "init_from")
+    if os.path.isfile(os.path.join(local, "config.json")):
+        return local
+    src = resolve(cfg.train.init_from, root)
+    if not os.path.isfile(os.path.join(src, "config.json")):
+        from jasr.config import ConfigError
+        raise ConfigError(f"config 'train.init_from': {src} has no config.json (not a Hugging Face model folder)")
+    os.makedirs(local, exist_ok=True)
+    for name in ("config.json", "generation_config.json"):
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(local, name))
+    return local
+
+
+def _build_hf_family(cfg, name: str, fields: dict, vocab_size: int, tokenizer, hf_dir: str | None) -> dict:
+    """Task keyword arguments for wav2vec2_ctc / wav2vec2_pretrain / whisper (architecture from hf_dir's
+    config.json when given, the model section overriding its fields)."""
+    from jasr.config import ConfigError
+    t, d = cfg.train, cfg.data
+    hf = _read_json(os.path.join(hf_dir, "config.json")) if hf_dir else None
+    if name in ("wav2vec2_ctc", "wav2vec2_pretrain"):
+        from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC
+        from models.wav2vec2_pretrain import Wav2Vec2ForPreTraining
+        if name == "wav2vec2_ctc":
+            # the head is sized to jasr's tokenizer; its blank (0) is the config's pad id, as in transformers
+            fields = {**fields, "vocab_size": vocab_size, "pad_token_id": 0}
+        try:
+            mcfg = Wav2Vec2Config.from_hf(hf, **fields) if hf else Wav2Vec2Config(**fields)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise ConfigError(f"config 'model' for {name!r}: {e}") from e
+        model = Wav2Vec2ForCTC(mcfg) if name == "wav2vec2_ctc" else Wav2Vec2ForPreTraining(mcfg)
+        frozen = ("wav2vec2/feature_extractor",) if t.freeze_feature_encoder else ()
+        return dict(model=model, frozen=frozen, blank_id=0,
+                    gumbel=(float(cfg.loss.max_gumbel_temperature), float(cfg.loss.min_gumbel_temperature),
+                            float(cfg.loss.gumbel_temperature_decay)))
+    from models.whisper import WhisperConfig, WhisperModel
+    from jasr.tokenizers import WhisperTokenizer
+    if not isinstance(tokenizer, WhisperTokenizer):
+        raise ConfigError(f"config 'data.tokenizer': model 'whisper' needs a Whisper tokenizer, got {tokenizer!r}")
+    dtype = fields.pop("dtype", "float32")
+    remat, scan = bool(fields.pop("remat", False)), bool(fields.pop("scan_layers", False))
+    try:
+        mcfg = WhisperConfig.from_hf_dict({**hf, **fields}) if hf else WhisperConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config 'model' for 'whisper': {e}") from e
+    if mcfg.vocab_size < tokenizer.vocab_size:
+        raise ConfigError(f"config 'data.tokenizer': {tokenizer!r} has {tokenizer.vocab_size} tokens, more than the "
+                          f"model's vocab_size {mcfg.vocab_size}")
+    if mcfg.num_mel_bins != d.num_mel_bins:
+        raise ConfigError(f"config 'data.num_mel_bins'={d.num_mel_bins} must equal the Whisper model's "
+                          f"num_mel_bins={mcfg.num_mel_bins}")
+    gen = {}
+    if hf_dir and os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
+        gen = _read_json(os.path.join(hf_dir, "generation_config.json"))
+    model = WhisperModel(mcfg, dtype=jnp.dtype(dtype), remat=remat, scan_layers=scan)
+    return dict(model=model, frozen=("encoder/embed_positions",),   # sinusoids, frozen as in transformers
+                prompt=tuple(int(x) for x in tokenizer.sot_sequence_including_notimestamps),
+                eos_id=int(tokenizer.eot), max_decode_tokens=int(t.max_decode_tokens),
+                suppress_tokens=tuple(int(x) for x in (gen.get("suppress_tokens") or ())),
+                begin_suppress_tokens=tuple(int(x) for x in (gen.get("begin_suppress_tokens") or ())))
+
+
+def load_pretrained_params(task: Task, directory: str, key: jax.Array) -> dict:
+    """The task's parameter tree from a transformers directory (strict about every tensor it uses).
+
+    wav2vec2_ctc: the encoder from any Wav2Vec2 checkpoint (pretraining, base or CTC); the CTC head
+    (``lm_head``) is always initialised fresh from `key`, since jasr's tokenizer is not the checkpoint's
+    vocabulary (tensors of other heads are dropped). wav2vec2_pretrain: the pretraining heads are loaded when
+    present, else initialised. whisper: every tensor.
+    """
+    from models.hf_io import load_state_dict
+    sd = load_state_dict(directory)
+    if task.name in ("wav2vec2_ctc", "wav2vec2_pretrain"):
+        from models.wav2vec2_hf import params_from_hf_state_dict
+        mcfg = task.model.config
+        drop = ("lm_head.",) + (("quantizer.", "project_hid.", "project_q.") if task.name == "wav2vec2_ctc" else ())
+        if mcfg.mask_time_prob <= 0 and mcfg.mask_feature_prob <= 0:
+            drop += ("masked_spec_embed", "wav2vec2.masked_spec_embed")
+        sd = {k: v for k, v in sd.items() if not k.startswith(drop)}
+        return params_from_hf_state_dict(sd, mcfg, "ctc" if task.name == "wav2vec2_ctc" else "pretraining",
+                                         init_missing=key)
+    if task.name == "whisper":
+        from models.whisper_hf import hf_to_params
+        return hf_to_params(sd, task.model.config, scan_layers=task.model.scan_layers)
+    raise ValueError(f"train.init_from is not supported for {task.name!r}")
+
+
+def build_task(cfg, vocab_size: int, fc, *, tokenizer=None, hf_dir: str | None = None) -> Task:
+    """Model + loss for the config's model.name (vocab_size and input dim are filled in from the data;
+    `hf_dir`: see init_source; `tokenizer`: the run's, needed for whisper's prompt)."""
     from jasr.config import model_fields
     from jasr.features import feature_dim
     name = cfg.model.name
@@ -412,8 +683,11 @@ def build_task(cfg, vocab_size: int, fc) -> Task:
                                     "ctc_weight": cfg.loss.ctc_weight if cfg.loss.type == "joint" else 0.0,
                                     "label_smoothing": cfg.loss.label_smoothing})
         model = AEDModel(mcfg)
+    elif name in _HF_FAMILIES:
+        kw = _build_hf_family(cfg, name, fields, vocab_size, tokenizer, hf_dir)
+        return Task(name=name, loss_type=cfg.loss.type, label_smoothing=cfg.loss.label_smoothing, **kw)
     else:
-        raise ValueError(f"model {name!r} is not wired into training yet (conformer_ctc and conformer_aed are)")
+        raise ValueError(f"model {name!r} is not wired into training")
     return Task(name=name, model=model, loss_type=cfg.loss.type, ctc_weight=cfg.loss.ctc_weight,
                 label_smoothing=cfg.loss.label_smoothing, frontend=frontend)
 
@@ -515,10 +789,11 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
     t, o = cfg.train, cfg.optim
 
     data = prepare_data(cfg, workdir, root)
-    task = build_task(cfg, data.tokenizer.vocab_size, data.feature_config)
+    hf_dir = init_source(cfg, workdir, root)
+    task = build_task(cfg, data.tokenizer.vocab_size, data.feature_config, tokenizer=data.tokenizer, hf_dir=hf_dir)
     train_loader = make_train_loader(cfg, data)
     raw = data.batch_config.output == "audio"
-    tx, schedule = make_optimizer_from_config(o, t.num_steps // o.grad_accum)
+    tx, schedule = make_optimizer_from_config(o, t.num_steps // o.grad_accum, frozen=task.frozen)
     init_batch = dummy_batch(train_loader.bucket_shapes[0], data.feature_config, raw)
     init_fn = jax.jit(functools.partial(create_train_state, task=task, tx=tx))
     init_key = jax.random.PRNGKey(cfg.seed)
@@ -532,11 +807,20 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
     with open(os.path.join(workdir, "buckets.json"), "w") as f:
         json.dump({"bucket_boundaries": edges, "bucket_shapes": train_loader.bucket_shapes}, f)
     it = iter(train_loader)
+    best_metric = _best_metric(task)
     ckpt = Checkpointer(ckpt_dir, keep_last=t.keep_last, keep_best=t.keep_best,
-                        async_save=t.async_checkpoint)
+                        async_save=t.async_checkpoint, best_metric=best_metric)
     start = 0
     if ckpt.latest_step() is None:
-        state = commit(init_fn(init_key, batch=init_batch))
+        if t.init_from:
+            src = resolve(t.init_from, root)
+            params = load_pretrained_params(task, src, jax.random.fold_in(init_key, 1))
+            _check_same_tree(params, abstract.params, src)
+            state = commit(jax.jit(functools.partial(create_train_state, task=task, tx=tx))(
+                init_key, batch=init_batch, params=params))
+            print(f"[train] initialised from {src}", flush=True)
+        else:
+            state = commit(init_fn(init_key, batch=init_batch))
     else:
         state, extra = ckpt.restore(None, _abstract_like(abstract))
         it.set_state(extra["data_state"])
@@ -552,7 +836,7 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
     dev_loader = dev_texts = None
     if data.dev:
         dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, data.feature_config, data.batch_config,
-                                      edges=edges)
+                                      edges=edges, label_fn=data.label_fn)
         dev_texts = {u.id: u.text for u in data.dev}
     logger = TrainLogger(workdir, t.num_steps, start, progress=t.progress, tensorboard=t.tensorboard)
     acc, n_acc = None, 0
@@ -573,6 +857,7 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
                 rec = {"loss": float(host["loss"]) / n_acc, "grad_norm": float(host["grad_norm"]) / n_acc,
                        "skipped": float(host["skipped"]), "skipped_total": int(state.skipped),
                        "lr": float(schedule(step // o.grad_accum)), "param_norm": float(host["param_norm"]) / n_acc}
+                rec.update({k: float(host[k]) / n_acc for k in _LOGGED_AUX if k in host})
                 final.update(logger.log_train(step, rec))
                 acc, n_acc = None, 0
             dev_metrics = None
@@ -583,7 +868,8 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
                 final.update({f"dev_{k}": v for k, v in dev_metrics.items()})
             stop_now = bool(t.stop_after) and step - start >= t.stop_after and step % t.log_every == 0
             if step % t.checkpoint_every == 0 or step == t.num_steps or stop_now:
-                ckpt_metrics = ({"dev_wer": float(dev_metrics["wer"])} if dev_metrics and "wer" in dev_metrics
+                key = best_metric[len("dev_"):]
+                ckpt_metrics = ({best_metric: float(dev_metrics[key])} if dev_metrics and key in dev_metrics
                                 else None)
                 ckpt.save(step, state, extra={"data_state": it.get_state(), "step": step}, metrics=ckpt_metrics)
             logger.advance(step)
@@ -600,6 +886,22 @@ def train(cfg, workdir: str, *, root: str | None = None) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # inference from a run folder
 
+def _best_metric(task: Task) -> str:
+    """Which dev metric picks the best checkpoint: WER, or the loss for a task without a decoder (pretraining)."""
+    return "dev_wer" if task.has_decoder else "dev_loss"
+
+
+def _check_same_tree(params, abstract, src: str) -> None:
+    """Pretrained params must have the model's structure and shapes (a clear error instead of a jit failure)."""
+    from jax.tree_util import keystr, tree_flatten_with_path
+    a = {keystr(k): tuple(v.shape) for k, v in tree_flatten_with_path(params)[0]}
+    b = {keystr(k): tuple(v.shape) for k, v in tree_flatten_with_path(abstract)[0]}
+    if a != b:
+        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        raise ValueError(f"train.init_from {src}: parameters do not fit the model ({diff[:3]}: "
+                         f"{[a.get(k) for k in diff[:3]]} vs {[b.get(k) for k in diff[:3]]})")
+
+
 def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None):
     """RunInfo(config, tokenizer, task, state, step, bucket_edges) of a trained run; `checkpoint`: "best", "latest" or a step."""
     from jasr.checkpoint import Checkpointer
@@ -613,9 +915,12 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
     cfg = load_saved_config(cfg_path)
     tok = load_tokenizer(os.path.join(workdir, "tokenizer.json"))
     fc = feature_config(cfg)
-    task = build_task(cfg, tok.vocab_size, fc)
+    hf_dir = os.path.join(workdir, "init_from")
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        hf_dir = resolve(cfg.train.init_from, root or os.getcwd()) if cfg.train.init_from else None
+    task = build_task(cfg, tok.vocab_size, fc, tokenizer=tok, hf_dir=hf_dir)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=cfg.train.keep_last,
-                        keep_best=cfg.train.keep_best, async_save=False)
+                        keep_best=cfg.train.keep_best, async_save=False, best_metric=_best_metric(task))
     if checkpoint == "best":
         step = ckpt.best_step() or ckpt.latest_step()
     elif checkpoint == "latest":
@@ -625,9 +930,9 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     o = cfg.optim
-    tx, _ = make_optimizer_from_config_for_restore(o, cfg.train.num_steps)
+    tx, _ = make_optimizer_from_config_for_restore(o, cfg.train.num_steps, task.frozen)
     raw = cfg.data.device_features or cfg.data.feature == "raw"
-    shape = (1, 400 if not raw else 64000, 8)
+    shape = (1, 3000 if cfg.model.name == "whisper" else (400 if not raw else 64000), 8)
     target = jax.eval_shape(lambda: create_train_state(jax.random.PRNGKey(0), task, tx,
                                                        dummy_batch(shape, fc, raw)))
     state, _ = ckpt.restore(step, _abstract_like(target))
@@ -650,9 +955,9 @@ class RunInfo:
     bucket_edges: list | None
 
 
-def make_optimizer_from_config_for_restore(o, num_steps):
+def make_optimizer_from_config_for_restore(o, num_steps, frozen=()):
     from jasr.optim import make_optimizer_from_config
-    return make_optimizer_from_config(o, max(num_steps // o.grad_accum, 1))
+    return make_optimizer_from_config(o, max(num_steps // o.grad_accum, 1), frozen=frozen)
 
 
 def enable_compilation_cache(root: str) -> None:
