@@ -69,6 +69,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_freq_width = 15
     c.data.time_masks = 2
     c.data.max_time_width = 20
+    c.data.speed_perturb = ()           # speed factors drawn per training utterance, e.g. (0.9, 1.0, 1.1) (host)
+    c.data.gain_db = ()                 # (low, high): random gain in dB per training utterance
+    c.data.noise_snr_db = ()            # (low, high): white noise at a random SNR in dB ...
+    c.data.noise_prob = 0.5             # ... added to this fraction of training utterances
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "conformer_ctc"
@@ -206,6 +210,13 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     _require(d.label_pad_multiple >= 1, f"config 'data.label_pad_multiple' must be >= 1, got {d.label_pad_multiple}")
     for k in ("freq_masks", "max_freq_width", "time_masks", "max_time_width"):
         _require(d[k] >= 0, f"config 'data.{k}' must be >= 0, got {d[k]}")
+    _require(all(isinstance(v, (int, float)) and 0.5 <= v <= 2.0 for v in d.speed_perturb),
+             f"config 'data.speed_perturb' must be speed factors in [0.5, 2], got {tuple(d.speed_perturb)}")
+    for k in ("gain_db", "noise_snr_db"):
+        _require(len(d[k]) in (0, 2) and all(isinstance(v, (int, float)) for v in d[k])
+                 and (not d[k] or d[k][0] <= d[k][1]), f"config 'data.{k}' must be () or (low, high), "
+                                                       f"got {tuple(d[k])}")
+    _require(0.0 <= d.noise_prob <= 1.0, f"config 'data.noise_prob' must be in [0, 1], got {d.noise_prob}")
     _require(not (d.device_features and d.feature not in ("fbank", "mfcc", "whisper")),
              f"config 'data.device_features' needs data.feature fbank/mfcc/whisper, got {d.feature!r}")
     _require(d.num_mel_bins >= 1, f"config 'data.num_mel_bins' must be >= 1, got {d.num_mel_bins}")

@@ -490,10 +490,20 @@ def prepare_data(cfg, workdir: str, root: str) -> RunData:
     return RunData(tok, feature_config(cfg), batch_config(cfg), manifests, train, dev, label_fn_for(cfg, tok))
 
 
+def audio_augment(d):
+    """The host-side waveform augmentation of config section `d` (speed/gain/noise), or None when it has none."""
+    if not (tuple(d.speed_perturb) or d.gain_db or d.noise_snr_db):
+        return None
+    from jasr.augment import AudioAugment
+    return AudioAugment(speeds=tuple(d.speed_perturb) or (1.0,), gain_db=tuple(d.gain_db) or None,
+                        noise_snr_db=tuple(d.noise_snr_db) or None, noise_prob=d.noise_prob)
+
+
 def make_train_loader(cfg, data: RunData):
     from jasr.data import make_loader
     return make_loader(data.train, data.tokenizer, data.feature_config, data.batch_config, seed=cfg.data.shuffle_seed,
-                       shuffle=True, num_epochs=None, worker_count=cfg.data.num_workers, label_fn=data.label_fn)
+                       shuffle=True, num_epochs=None, worker_count=cfg.data.num_workers, label_fn=data.label_fn,
+                       augment=audio_augment(cfg.data))
 
 
 def make_eval_loader(cfg, utts, tokenizer, fc, bc, *, edges=None, label_fn=None):

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jasr.config import (ConfigError, apply_override, base_config, config_from_argv, load_config_file,
@@ -59,6 +60,9 @@ def test_bad_overrides(key, value, match):
     ("train.checkpoint_every", 7, r"multiple of 'train.log_every'"),
     ("data.bucket_boundaries", (2.0, 1.0), r"'data.bucket_boundaries' must be increasing"),
     ("optim.grad_accum", 3, r"multiple of 'optim.grad_accum'"),
+    ("data.speed_perturb", (0.9, 0.0), r"'data.speed_perturb' must be speed factors"),
+    ("data.gain_db", (6.0, -6.0), r"'data.gain_db' must be \(\) or \(low, high\)"),
+    ("data.noise_snr_db", (10.0,), r"'data.noise_snr_db' must be \(\) or \(low, high\)"),
 ])
 def test_bad_values(key, value, match):
     cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
@@ -114,3 +118,17 @@ def test_cli_help_and_errors(tmp_path):
     assert r.returncode == 0 and "--split" in r.stdout
     r = _run(["decode.py", "--workdir", str(tmp_path), "--split", "dev"])
     assert r.returncode == 2 and "not a training run folder" in r.stderr
+
+
+def test_audio_augmentation_from_config():
+    from jasr.training import audio_augment
+    cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
+    assert audio_augment(cfg.data) is None
+    cfg.data.speed_perturb = (0.9, 1.0, 1.1)
+    cfg.data.noise_snr_db = (10.0, 30.0)
+    validate_config(cfg, check_paths=False)
+    aug = audio_augment(cfg.data)
+    assert (aug.min_speed, aug.max_speed, aug.gain_db, aug.noise_snr_db) == (0.9, 1.1, None, (10.0, 30.0))
+    audio = np.sin(np.arange(16000) * 0.05).astype(np.float32)
+    out = aug(audio, 16000, np.random.default_rng(0))
+    assert out.dtype == np.float32 and 16000 / 1.1 - 2 <= len(out) <= 16000 / 0.9 + 2
