@@ -25,9 +25,11 @@ def get_config():
     d.drop_unfit = True
     d.spec_augment = True
     d.freq_masks = 2
-    d.max_freq_width = 6
-    d.time_masks = 1
-    d.max_time_width = 8
+    d.max_freq_width = 8
+    d.time_masks = 2
+    d.max_time_width = 12
+    d.speed_perturb = (0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15)   # speaker variety: only 3 train speakers
+    d.gain_db = (-6.0, 6.0)
 
     m = c.model
     m.name = "conformer_ctc"
@@ -39,22 +41,22 @@ def get_config():
     m.subsampling = 2
     m.subsampling_type = "dw_striding"
     m.subsampling_channels = 32
-    m.dropout_rate = 0.15
+    m.dropout_rate = 0.2
     m.attention_dropout_rate = 0.0
-    m.ff_dropout_rate = 0.15
+    m.ff_dropout_rate = 0.2
 
     c.loss.type = "ctc"
     o = c.optim
     o.lr = 2e-3
     o.schedule = "cosine"
-    o.warmup_steps = 40
+    o.warmup_steps = 80
     o.final_lr_ratio = 0.02
 
     t = c.train
-    t.num_steps = 400
+    t.num_steps = 1200
     t.log_every = 20
-    t.eval_every = 100
-    t.checkpoint_every = 100
+    t.eval_every = 200
+    t.checkpoint_every = 200
     t.keep_last = 2
     t.keep_best = 1
     return c
