@@ -20,6 +20,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# torch's OpenMP workers otherwise busy-wait after each call and take the cores from the JAX call
+# that follows (measured: up to 1.7x slower jasr/optax timings in the alternating loop).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -30,6 +33,7 @@ import torch  # noqa: E402
 from fsa_ops.ctc import default_method  # noqa: E402
 from jasr.losses import ctc_loss  # noqa: E402
 
+LOAD_BEFORE = os.getloadavg()
 SHAPES = [(8, 100, 32, 20), (32, 250, 32, 60), (16, 500, 500, 80), (8, 1000, 1000, 150), (4, 1500, 5000, 100)]
 
 
@@ -172,9 +176,14 @@ def main():
         "/proc/self/clear_refs just before); memory that an allocator reuses without returning it to "
         "the OS is not counted, so treat it as a lower bound. XLA temp+out: the compiled program's "
         "temporary and output buffers (excluding the logits argument).",
+        "",
+        f"Run with OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} (torch's idle OpenMP workers do not "
+        "busy-wait through the other implementations' calls); load average before the run: "
+        f"{LOAD_BEFORE[0]:.2f}.",
     ]
     if args.note:
         lines += ["", args.note]
+    lines += ["", f"![CTC forward+backward times]({os.path.splitext(os.path.basename(args.out))[0]}.png)"]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -200,6 +209,10 @@ def main():
         print(f"[ctc bench] wrote {args.out} and {png}")
     except ImportError:
         print(f"[ctc bench] wrote {args.out} (matplotlib missing: no plot)")
+
+    import collect_results  # noqa: E402
+    if os.path.dirname(os.path.abspath(args.out)) == collect_results.RESULTS_DIR:
+        print(f"wrote {collect_results.write_results()}")
 
 
 if __name__ == "__main__":

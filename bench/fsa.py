@@ -152,6 +152,9 @@ def main():
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as fh:
             fh.write(text)
+        import collect_results  # noqa: E402
+        if os.path.dirname(os.path.abspath(args.out)) == collect_results.RESULTS_DIR:
+            print(f"wrote {collect_results.write_results()}")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,10 @@ def main():
             fh.write(f"| {name} | {dt:.3f} | {n} |\n")
     print("wrote", out)
 
+    import collect_results  # noqa: E402
+    if os.path.dirname(os.path.abspath(out)) == collect_results.RESULTS_DIR:
+        print(f"wrote {collect_results.write_results()}")
+
 
 if __name__ == "__main__":
     main()

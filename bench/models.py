@@ -183,6 +183,10 @@ def main(argv=None):
         f.write(md)
     print(md)
 
+    import collect_results  # noqa: E402
+    if os.path.dirname(os.path.abspath(args.out)) == collect_results.RESULTS_DIR:
+        print(f"wrote {collect_results.write_results()}")
+
 
 if __name__ == "__main__":
     main()

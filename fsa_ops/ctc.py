@@ -8,28 +8,31 @@ How it is computed (probability semiring; log-domain results):
   * The emission table ``lp[b, t, s] = log p(ext[b, s] | frame t)`` [B, T, S] is gathered once from
     the logits (a row-wise gather of S columns per frame, never a one-hot product over K).
   * Forward (alpha) and backward (beta) recursions run in ONE loop over frames on a [2B, S]
-    array: rows 0..B-1 consume frame t (taking mass from states s-1, s-2), rows B..2B-1 consume
-    frame T-1-t (taking mass from s+1, s+2). The per-frame work is one function,
-    ``log_ctc_step`` (or ``scaled_ctc_step``), the unit a GPU kernel can replace.
-  * ``method='log'`` is the exact log-semiring recursion (three-way logsumexp), with
-    each row shifted to max 0 every frame (the offsets are summed apart), so float32 keeps its
-    absolute precision for T in the thousands. ``method='scaled'`` runs on probabilities
-    renormalised every frame (multiply-add in the loop, no exp/log per state); its range between
-    states within a frame is ~80 nats, and that is NOT only a matter of extreme logits: with long
-    label sequences and uninformative logits (an untrained model) the states that the best
-    complete paths pass through often sit >80 nats below the frame's best prefix, and 'scaled'
-    then loses most of the mass (measured: 5-70 nats wrong on the bench shapes with K >= 500).
-    ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta agree and that
-    no alignable sequence lost its mass, and otherwise recomputes the batch with 'log'
-    (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident sequences).
-    The default (method=None, `default_method`) is 'auto' for vocabularies up to 128 classes, where
-    the loop dominates, and 'log' above, where it does not and 'auto' would risk paying twice.
+    array: rows 0..B-1 consume frame t, rows B..2B-1 consume frame T-1-t with their states stored
+    in reverse order, so that every row takes mass from positions p-1 and p-2 and one step function
+    serves both directions (``log_ctc_step`` / ``scaled_ctc_step``: the unit a GPU kernel can
+    replace). Each loop iteration runs a block of `block` frames (default 1) and renormalises
+    once at its end; the removed log-scales are kept apart.
+  * ``method='log'`` is the exact log-semiring recursion (three-way logsumexp); float32 keeps its
+    absolute precision for T in the thousands because every block is shifted back to max 0.
+    ``method='scaled'`` runs on probabilities (multiply-add in the loop, no exp/log per state);
+    its range between states within a frame is ~80 nats, and that is NOT only a matter of extreme
+    logits: with long label sequences and uninformative logits (an untrained model) the states
+    that the best complete paths pass through often sit >80 nats below the frame's best prefix,
+    and 'scaled' then loses most of the mass (measured: 5-70 nats wrong on the bench shapes with
+    K >= 500). ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta
+    agree and that no alignable sequence lost its mass, and otherwise recomputes the batch with
+    'log' (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident
+    sequences). The default (method=None, `default_method`) is 'auto' for vocabularies up to 128
+    classes and 'log' above.
   * Exponentials of arguments below -80 are flushed to 0: float32 subnormals are ~50x slower on
     x86 and such terms cannot change a sum that contains exp(0) = 1.
-  * The gradient (``jax.custom_vjp``) needs no further recursion: the occupancies
-    ``gamma[t, s] ~ alpha_post[t, s] * beta_incl[t, s] / p(ext[s] | t)``, normalised over s within
-    each frame (where they sum to 1, so no large log-scale enters), come from the stored tables and
-    are scatter-added onto the label ids. Memory is O(B*T*(2N+1)) besides the [B, T, K] gradient.
+  * The gradient (``jax.custom_vjp``) needs no further recursion: the loop stores alpha (including
+    frame t) and beta before frame t's emission, so the occupancies are
+    ``gamma[t, s] = alpha[t, s] * beta_excl[t, s] / Z``; the tables' running log-scales are put back
+    per frame and gamma is renormalised over s within each frame (where it sums to 1), so that no
+    large log-scale enters. They are scatter-added onto the label ids. Memory is O(B*T*(2N+1))
+    besides the [B, T, K] gradient.
 
 Conventions: ``logit_paddings`` / ``label_paddings`` are optax-style (1.0 = padded, 0.0 = valid).
 Padded frames may sit anywhere (they are skipped, as in optax); labels must be right-padded.
@@ -43,17 +46,24 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "DEFAULT_BLOCK",
     "ctc_nll",
     "ctc_forward_backward",
     "ctc_occupancy",
     "check_ctc_inputs",
     "scaled_ctc_step",
     "log_ctc_step",
+    "log_renormalise",
+    "scaled_renormalise",
     "METHODS",
     "default_method",
 ]
 
 METHODS = ("auto", "scaled", "log")
+# Frames per loop iteration (renormalised once per block); see `ctc_nll`'s `block`. Measured on
+# 2 CPU cores (bench shapes): blocks of 2-8 frames do not pay (XLA fuses or serialises the chained
+# steps), so one frame per iteration is the default; larger blocks stay available.
+DEFAULT_BLOCK = 1
 # method=None picks 'auto' up to this vocabulary size, 'log' above (see `default_method`).
 _SMALL_VOCABULARY = 128
 
@@ -123,9 +133,11 @@ def check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id: i
 
 # --------------------------------------------------------------------------------------------
 # Per-frame steps. Rows R = 2B: rows 0..B-1 run the forward (alpha) recursion over frames
-# 0..T-1, rows B..2B-1 the backward (beta) recursion over frames T-1..0 of the same sequences.
-# Both live on the same [R, S] array: forward rows take mass from states s-1 and s-2, backward
-# rows from s+1 and s+2 (`forward_row` selects the direction, `skip` allows the two-state move).
+# 0..T-1, rows B..2B-1 the backward (beta) recursion over frames T-1..0 of the same sequences,
+# with their states stored in reverse order (recursion position S-1-s holds state s). In those
+# coordinates every row takes mass from positions p-1 and p-2, so one step serves both directions
+# with no per-row select; `skip` [R, S] says where the two-position move is allowed. The steps do
+# not renormalise: `log_renormalise` / `scaled_renormalise` run once per block of frames.
 # --------------------------------------------------------------------------------------------
 def _shift(x, by: int, fill):
     """x[..., s - by] (by > 0) or x[..., s + |by|] (by < 0), `fill` shifted in (static `by`)."""
@@ -135,7 +147,7 @@ def _shift(x, by: int, fill):
     return jnp.concatenate([x[..., -by:], pad], axis=-1)
 
 
-# exp(x) for x <= 0 that returns exactly 0 below exp(-80) ~ 1.8e-35 instead of a float32 subnormal:
+# exp(x) that returns exactly 0 below exp(-80) ~ 1.8e-35 instead of a float32 subnormal:
 # subnormal arithmetic is ~50x slower on x86 CPUs (XLA does not flush them), and terms this small
 # do not change a sum that contains exp(0) = 1.
 _EXP_FLOOR = -80.0
@@ -148,47 +160,51 @@ def _exp_nonpositive(x):
     return jnp.where(x > _EXP_FLOOR, jnp.exp(jnp.maximum(x, _EXP_FLOOR)), 0.0)
 
 
-def _predecessors(x, forward_row, skip, fill):
-    """The three incoming values of every state: x[s], x[s -+ 1], x[s -+ 2] (or `fill`)."""
-    one = jnp.where(forward_row, _shift(x, 1, fill), _shift(x, -1, fill))
-    two = jnp.where(skip, jnp.where(forward_row, _shift(x, 2, fill), _shift(x, -2, fill)), fill)
-    return x, one, two
+def log_ctc_step(log_alpha, lp, valid, skip):
+    """One CTC frame in the log semiring (-inf = impossible).
 
-
-def log_ctc_step(log_alpha, lp, valid, forward_row, skip):
-    """One CTC frame in the log semiring, renormalised (exact range; -inf = impossible).
-
-    log_alpha [R, S] float32 (max 0, or all -inf once no path is left); lp [R, S] log-probabilities
-    of the states' symbols at this frame (-inf on padding states); valid [R] bool (False: padded
-    frame, nothing changes); forward_row [R, 1] bool; skip [R, S] bool.
-    Returns (new_log_alpha [R, S], offset [R]): logsumexp over the (up to three) predecessors + lp,
-    minus its row maximum `offset` (0 on padded frames). Keeping the values near 0 keeps float32's
-    absolute precision (the offsets are summed separately), which matters for long inputs.
+    log_alpha [R, S] float32; lp [R, S] log-probabilities of the positions' symbols at this frame
+    (-inf on padding states); valid [R] bool (False: padded frame, the row does not change);
+    skip [R, S] bool (position p may be entered from p-2).
+    Returns (new_log_alpha [R, S], incoming [R, S]): incoming = logsumexp of the (up to three)
+    predecessors p, p-1, p-2; new = incoming + lp.
     """
-    x0, x1, x2 = _predecessors(log_alpha, forward_row, skip, jnp.float32(-jnp.inf))
-    top = jnp.maximum(jnp.maximum(x0, x1), x2)
+    neg_inf = jnp.float32(-jnp.inf)
+    x1 = _shift(log_alpha, 1, neg_inf)
+    x2 = jnp.where(skip, _shift(log_alpha, 2, neg_inf), neg_inf)
+    top = jnp.maximum(jnp.maximum(log_alpha, x1), x2)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    post = top + jnp.log(_exp_nonpositive(x0 - top) + _exp_nonpositive(x1 - top) + _exp_nonpositive(x2 - top)) + lp
-    offset = jnp.max(post, axis=-1)
-    offset = jnp.where(valid & jnp.isfinite(offset), offset, 0.0)
-    return jnp.where(valid[:, None], post - offset[:, None], log_alpha), offset
+    incoming = top + jnp.log(_exp_nonpositive(log_alpha - top) + _exp_nonpositive(x1 - top)
+                             + _exp_nonpositive(x2 - top))
+    return jnp.where(valid[:, None], incoming + lp, log_alpha), incoming
 
 
-def scaled_ctc_step(alpha, emit, valid, forward_row, skip):
-    """One CTC frame in the probability semiring, renormalised (multiply-add, no exp/log per state).
+def log_renormalise(log_alpha):
+    """Shifts every row to max 0: returns (log_alpha - offset, offset [R]) (offset 0 for rows
+    without mass). Keeping the values near 0 keeps float32's absolute precision for long inputs."""
+    offset = jnp.max(log_alpha, axis=-1)
+    offset = jnp.where(jnp.isfinite(offset), offset, 0.0)
+    return log_alpha - offset[:, None], offset
 
-    alpha [R, S] float32 (max 1, or all 0 once no path is left); emit [R, S] = exp(lp - shift)
-    (0 on padding states); valid, forward_row, skip as in `log_ctc_step`.
-    Returns (new_alpha [R, S], norm [R]): new_alpha * norm is the unnormalised score
-    (norm = 1 on padded frames and for rows without mass).
+
+def scaled_ctc_step(alpha, emit, valid, skip):
+    """One CTC frame in the probability semiring (multiply-add, no exp/log per state).
+
+    alpha [R, S] float32 (>= 0); emit [R, S] = exp(lp - shift) (0 on padding states); valid, skip
+    as in `log_ctc_step`. Returns (new_alpha [R, S], incoming [R, S]): incoming = sum of the
+    predecessors, new_alpha = incoming * emit with values below exp(-80) flushed to 0.
     """
-    x0, x1, x2 = _predecessors(alpha, forward_row, skip, jnp.float32(0.0))
-    post = (x0 + x1 + x2) * emit
-    norm = jnp.max(post, axis=-1)
-    norm = jnp.where(valid & (norm > 0), norm, 1.0)
-    new_alpha = post * (1.0 / norm)[:, None]
-    new_alpha = jnp.where(new_alpha > _TINY, new_alpha, 0.0)   # no subnormals (see _exp_nonpositive)
-    return jnp.where(valid[:, None], new_alpha, alpha), norm
+    incoming = alpha + _shift(alpha, 1, 0.0) + jnp.where(skip, _shift(alpha, 2, 0.0), 0.0)
+    post = incoming * emit
+    post = jnp.where(post > _TINY, post, 0.0)   # no subnormals (see _exp_nonpositive)
+    return jnp.where(valid[:, None], post, alpha), incoming
+
+
+def scaled_renormalise(alpha):
+    """Divides every row by its max: returns (alpha / norm, log(norm) [R]) (norm 1 without mass)."""
+    norm = jnp.max(alpha, axis=-1)
+    norm = jnp.where(norm > 0, norm, 1.0)
+    return alpha * (1.0 / norm)[:, None], jnp.log(norm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,30 +220,54 @@ def _extended_labels(labels, label_lengths, blank_id):
     return jnp.concatenate([ext, jnp.full((batch, 1), blank_id, labels.dtype)], axis=-1)
 
 
+@jax.tree_util.register_pytree_node_class
 class _Lattice:
-    """Static-shape CTC lattice of a padded batch: emission table and the masks of R = 2B rows."""
+    """Static-shape CTC lattice of a padded batch (a pytree, so the backward pass reuses it).
 
-    def __init__(self, logits, logit_paddings, labels, label_paddings, blank_id, log_probs, emissions=None):
+    frame_valid [B, T], ext [B, S], state_valid [B, S], feasible [B], bad_labels [B],
+    log_norm [B, T] (logsumexp of the logits; 0 with log_probs); per-row masks skip, start,
+    final [R, S] in recursion coordinates (backward rows state-reversed).
+    """
+    _FIELDS = ("frame_valid", "ext", "state_valid", "skip", "start", "final", "feasible", "bad_labels",
+               "log_norm")
+
+    def __init__(self, shape, **fields):
+        self.shape = shape
+        for name in self._FIELDS:
+            setattr(self, name, fields[name])
+
+    def tree_flatten(self):
+        return tuple(getattr(self, name) for name in self._FIELDS), self.shape
+
+    @classmethod
+    def tree_unflatten(cls, shape, children):
+        return cls(shape, **dict(zip(cls._FIELDS, children)))
+
+    @classmethod
+    def build(cls, logits, logit_paddings, labels, label_paddings, blank_id, log_probs):
         batch, frames, classes = logits.shape
         max_labels = labels.shape[1]
         states = 2 * max_labels + 1
-        self.shape = (batch, frames, classes, states)
         labels = labels.astype(jnp.int32)
         label_lengths = jnp.sum(label_paddings < 0.5, axis=1).astype(jnp.int32)
-        self.frame_valid = logit_paddings < 0.5                                   # [B, T]
-        num_states = 2 * label_lengths + 1                                        # [B]
-        self.ext = _extended_labels(labels, label_lengths, blank_id)              # [B, S]
+        frame_valid = logit_paddings < 0.5
+        num_states = 2 * label_lengths + 1
+        ext = _extended_labels(labels, label_lengths, blank_id)
         state_ids = jnp.arange(states)[None, :]
-        self.state_valid = state_ids < num_states[:, None]                        # [B, S]
-        # skip[s]: s may be entered from s-2 (ext[s] is a label different from ext[s-2]).
-        skip = (self.ext != blank_id) & (self.ext != _shift(self.ext, 2, blank_id))
-        self.skip = jnp.concatenate([skip, _shift(skip, -2, False)], axis=0)        # [R, S]
-        self.forward_row = (jnp.arange(2 * batch) < batch)[:, None]               # [R, 1]
+        state_valid = state_ids < num_states[:, None]
+        # skip[s]: s may be entered from s-2 (ext[s] is a label different from ext[s-2]). Backward
+        # rows move from s+2 to s when skip[s+2]; at reversed position p = S-1-s that is skip[S+1-p].
+        skip = (ext != blank_id) & (ext != _shift(ext, 2, blank_id))
         last = num_states[:, None] - 1
-        self.start = jnp.concatenate([jnp.broadcast_to(state_ids == 0, (batch, states)), state_ids == last],
-                                     axis=0)                                      # [R, S]
-        self.final = jnp.concatenate([(state_ids == last) | (state_ids == last - 1),
-                                      (state_ids <= 1) & self.state_valid], axis=0)
+        # Start: forward rows at state 0, backward rows at the last state (position S-1-last).
+        # Final: forward rows end in the last label or the trailing blank, backward rows in 0 or 1.
+        fields = dict(
+            frame_valid=frame_valid, ext=ext, state_valid=state_valid,
+            skip=jnp.concatenate([skip, _shift(skip, -2, False)[:, ::-1]], axis=0),
+            start=jnp.concatenate([jnp.broadcast_to(state_ids == 0, (batch, states)),
+                                   state_ids == states - 1 - last], axis=0),
+            final=jnp.concatenate([(state_ids == last) | (state_ids == last - 1),
+                                   ((state_ids <= 1) & state_valid)[:, ::-1]], axis=0))
         # Structural feasibility: frames >= labels + adjacent repeats.
         positions = jnp.arange(max_labels)[None, :]
         if max_labels > 1:
@@ -235,81 +275,113 @@ class _Lattice:
                               axis=1)
         else:
             repeats = jnp.zeros((batch,), jnp.int32)
-        self.feasible = jnp.sum(self.frame_valid, axis=1) >= label_lengths + repeats
+        fields["feasible"] = jnp.sum(frame_valid, axis=1) >= label_lengths + repeats
         # Labels that the gather would silently clamp (only detectable on device under jit).
         valid_labels = positions < label_lengths[:, None]
-        self.bad_labels = jnp.any(valid_labels & ((labels < 0) | (labels >= classes) | (labels == blank_id)),
-                                  axis=1)
-        # Emission table lp[b, t, s] = log p(ext[b, s] | t) in float32, -inf on padding states.
-        if emissions is not None:  # (lp, log_norm) kept from the forward pass
-            self.lp, self.log_norm = emissions
-            return
+        fields["bad_labels"] = jnp.any(valid_labels & ((labels < 0) | (labels >= classes) | (labels == blank_id)),
+                                       axis=1)
         if log_probs:
-            self.log_norm = jnp.zeros((batch, frames), jnp.float32)
+            log_norm = jnp.zeros((batch, frames), jnp.float32)
         else:
-            self.log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-            self.log_norm = jnp.where(jnp.isfinite(self.log_norm), self.log_norm, 0.0)
-        # Row-wise gather on the flattened [B*T, K] logits (keeps the [B, T, S] layout contiguous).
+            log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+            log_norm = jnp.where(jnp.isfinite(log_norm), log_norm, 0.0)
+        fields["log_norm"] = log_norm
+        return cls((batch, frames, classes, states), **fields)
+
+    def emissions(self, logits):
+        """lp [B, T, S] = log p(ext[b, s] | frame t) in float32 (-inf on padding states): a row-wise
+        gather of S columns from each frame's K logits (never a one-hot product)."""
+        batch, frames, classes, states = self.shape
         ids = jnp.broadcast_to(jnp.clip(self.ext, 0, classes - 1)[:, None, :], (batch, frames, states))
         gathered = jnp.take_along_axis(logits.reshape(batch * frames, classes),
                                        ids.reshape(batch * frames, states), axis=1,
                                        mode="promise_in_bounds").reshape(batch, frames, states)
         lp = gathered.astype(jnp.float32) - self.log_norm[:, :, None]
-        self.lp = jnp.where(self.state_valid[:, None, :], lp, -jnp.inf)           # [B, T, S]
+        return jnp.where(self.state_valid[:, None, :], lp, -jnp.inf)
 
 
 # --------------------------------------------------------------------------------------------
-# The recursions. Both return (alpha [B, T, S], beta [B, T, S], log_scale [R, T], log_z [R]):
-#   'log':    alpha = log alpha_post (forward score including frame t), beta = log beta_incl
-#             (backward score of frames t..T-1 from state s, including frame t); log_scale = 0.
-#   'scaled': the same as probabilities, each frame renormalised: log alpha_post[b, t] =
-#             log(alpha[b, t]) + sum_{t' <= t} log_scale[b, t'] (beta: sum over t' >= t of row B+b).
+# The recursions. Both return (tables, log_z [R]) with tables = (alpha, beta, scale_f, scale_b):
+#   alpha [B, T, S]: forward score of frames 0..t ending in s (including frame t's emission);
+#   beta  [B, T, S]: backward score of frames t+1..T-1 from state s after frame t (frame t's
+#                    emission excluded), both in natural frame and state order;
+#   'log' stores logs, 'scaled' probabilities, renormalised per block of frames: the true log
+#   value is log(alpha[b, t]) + sum_{t' <= t} scale_f[b, t'] and
+#   log(beta[b, t]) + sum_{t' > t} scale_b[b, t'] (scale_* [B, T]).
 # log_z: total log-likelihood per row (rows b and B+b compute it independently).
+# Occupancies need no division by the emission: gamma[t, s] = alpha[t, s] * beta[t, s] / Z.
 # --------------------------------------------------------------------------------------------
-def _run_log(lat: _Lattice, unroll: int):
+def _run_log(lat: _Lattice, lp, block: int):
     init = jnp.where(lat.start, 0.0, -jnp.inf).astype(jnp.float32)
-    last, (alpha, beta, log_scale) = _frame_loop(log_ctc_step, init, lat.lp, lat, unroll)
-    log_z = jax.nn.logsumexp(jnp.where(lat.final, last, -jnp.inf), axis=-1) + jnp.sum(log_scale, axis=-1)
-    return alpha, beta, log_scale, log_z
+    last, (alpha, beta, scale_f, scale_b) = _frame_loop(log_ctc_step, log_renormalise, init, lp, lat, block)
+    log_z = (jax.nn.logsumexp(jnp.where(lat.final, last, -jnp.inf), axis=-1)
+             + jnp.concatenate([jnp.sum(scale_f, axis=1), jnp.sum(scale_b, axis=1)]))
+    return (alpha, beta, scale_f, scale_b), log_z
 
 
-def _run_scaled(lat: _Lattice, unroll: int):
+def _run_scaled(lat: _Lattice, lp, block: int):
     # Per-frame shift so that the largest valid emission of each frame is exp(0) = 1.
-    shift = jnp.max(lat.lp, axis=-1)                                              # [B, T]
+    shift = jnp.max(lp, axis=-1)                                                  # [B, T]
     shift = jnp.where(jnp.isfinite(shift) & lat.frame_valid, shift, 0.0)
-    emit = _exp_nonpositive(lat.lp - shift[:, :, None])
-    last, (alpha, beta, norm) = _frame_loop(scaled_ctc_step, lat.start.astype(jnp.float32), emit, lat, unroll)
-    log_scale = jnp.log(norm) + jnp.concatenate([shift, shift], axis=0)
-    log_z = jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1)) + jnp.sum(log_scale, axis=-1)
-    return alpha, beta, log_scale, log_z
+    emit = _exp_nonpositive(lp - shift[:, :, None])
+    last, (alpha, beta, scale_f, scale_b) = _frame_loop(scaled_ctc_step, scaled_renormalise,
+                                                        lat.start.astype(jnp.float32), emit, lat, block)
+    scale_f, scale_b = scale_f + shift, scale_b + shift
+    log_z = (jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1))
+             + jnp.concatenate([jnp.sum(scale_f, axis=1), jnp.sum(scale_b, axis=1)]))
+    return (alpha, beta, scale_f, scale_b), log_z
 
 
-def _frame_loop(step, init, table, lat: _Lattice, unroll: int):
-    """Runs `step(carry, frame [R, S], valid [R], forward_row, skip) -> (carry, norm [R])` over
-    frames: forward rows read frame t, backward rows frame T-1-t of `table` [B, T, S]; carries and
-    norms are written back at those frames (no reversed copies are made)."""
+def _frame_loop(step, renormalise, init, table, lat: _Lattice, block: int):
+    """Runs `step(carry [R, S], frame [R, S], valid [R], skip) -> (carry, incoming)` over the rows'
+    frames of `table` [B, T, S] (forward rows frame t, backward rows frame T-1-t, states reversed),
+    `block` frames per loop iteration, then `renormalise(carry) -> (carry, log_scale [R])`.
+
+    Returns (last carry [R, S], (alpha, beta, norm_f, norm_b)): alpha [B, T, S] = the forward rows'
+    carry after each frame, beta [B, T, S] = the backward rows' incoming sum at each frame (both in
+    natural order); norm_* [B, T] the log-scales removed by the renormalisations, each booked on the
+    last frame of its block in that row's order (so that alpha's scale includes its own frame and
+    beta's does not)."""
     batch, frames, _, states = lat.shape
     valid = lat.frame_valid
-    outs = (jnp.zeros((batch, frames, states), jnp.float32), jnp.zeros((batch, frames, states), jnp.float32),
-            jnp.ones((batch, frames), jnp.float32), jnp.ones((batch, frames), jnp.float32))
+    zeros = jnp.zeros((batch, frames, states), jnp.float32)
+    outs = (zeros, zeros, jnp.zeros((batch, frames), jnp.float32), jnp.zeros((batch, frames), jnp.float32))
 
-    def at(x, t):
-        return jax.lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
+    def run_block(carry, outs, t0, size):
+        """Frames t0 .. t0+size-1 (forward), T-1-t0 .. T-size-t0 (backward); t0 traced or static."""
+        alpha, beta, norm_f, norm_b = outs
+        back0 = frames - t0 - size
+        fwd_frames = jax.lax.dynamic_slice_in_dim(table, t0, size, axis=1)            # [B, size, S]
+        bwd_frames = jax.lax.dynamic_slice_in_dim(table, back0, size, axis=1)
+        fwd_valid = jax.lax.dynamic_slice_in_dim(valid, t0, size, axis=1)
+        bwd_valid = jax.lax.dynamic_slice_in_dim(valid, back0, size, axis=1)
+        fwd_out, bwd_out = [], []
+        for j in range(size):
+            frame = jnp.concatenate([fwd_frames[:, j], bwd_frames[:, size - 1 - j, ::-1]], axis=0)
+            frame_valid = jnp.concatenate([fwd_valid[:, j], bwd_valid[:, size - 1 - j]], axis=0)
+            carry, incoming = step(carry, frame, frame_valid, lat.skip)
+            if size > 1:   # keep XLA from fusing (and recomputing) the chain of steps
+                carry, incoming = jax.lax.optimization_barrier((carry, incoming))
+            fwd_out.append(carry[:batch])
+            bwd_out.append(incoming[batch:, ::-1])
+        carry, log_scale = renormalise(carry)
+        fwd_out[-1] = carry[:batch]
+        booked = jnp.zeros((size,), jnp.float32).at[-1].set(1.0)                         # last frame
+        alpha = jax.lax.dynamic_update_slice_in_dim(alpha, jnp.stack(fwd_out, axis=1), t0, axis=1)
+        beta = jax.lax.dynamic_update_slice_in_dim(beta, jnp.stack(bwd_out[::-1], axis=1), back0, axis=1)
+        norm_f = jax.lax.dynamic_update_slice_in_dim(norm_f, log_scale[:batch, None] * booked, t0, axis=1)
+        norm_b = jax.lax.dynamic_update_slice_in_dim(norm_b, log_scale[batch:, None] * booked[::-1], back0,
+                                                     axis=1)
+        return carry, (alpha, beta, norm_f, norm_b)
 
-    def put(x, value, t):
-        return jax.lax.dynamic_update_index_in_dim(x, value, t, axis=1)
-
-    def body(t, state):
-        carry, (alpha, beta, norm_f, norm_b) = state
-        back = frames - 1 - t
-        frame = jnp.concatenate([at(table, t), at(table, back)], axis=0)
-        frame_valid = jnp.concatenate([at(valid, t), at(valid, back)], axis=0)
-        carry, norm = step(carry, frame, frame_valid, lat.forward_row, lat.skip)
-        return carry, (put(alpha, carry[:batch], t), put(beta, carry[batch:], back),
-                       put(norm_f, norm[:batch], t), put(norm_b, norm[batch:], back))
-
-    last, (alpha, beta, norm_f, norm_b) = jax.lax.fori_loop(0, frames, body, (init, outs), unroll=unroll)
-    return last, (alpha, beta, jnp.concatenate([norm_f, norm_b], axis=0))
+    blocks, rest = divmod(frames, block)
+    carry = init
+    if blocks:
+        carry, outs = jax.lax.fori_loop(
+            0, blocks, lambda i, state: run_block(*state, i * block, block), (carry, outs))
+    if rest:
+        carry, outs = run_block(carry, outs, blocks * block, rest)
+    return carry, outs
 
 
 def _needs_log_recursion(lat: _Lattice, log_z):
@@ -325,61 +397,68 @@ def _needs_log_recursion(lat: _Lattice, log_z):
 
 
 def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
-                         log_probs: bool = False, method: str = "log", unroll: int = 1):
+                         log_probs: bool = False, method: str = "log", block: int = DEFAULT_BLOCK):
     """Runs the fused forward-backward recursion (no input checks; see `ctc_nll`).
 
-    Returns (lattice, (alpha [B, T, S], beta [B, T, S], log_scale [2B, T]), log_z [B], used_log []):
-    see `_run_log` / `_run_scaled` for the tables' meaning; log_z is the total log-likelihood
-    (-inf when no alignment fits). With method='auto', used_log says that the scaled run lost mass:
-    log_z then comes from the log recursion, the tables stay those of the scaled run and
-    `ctc_occupancy` recomputes them (so only [B] values, not tables, pass through `lax.cond`).
+    Returns (lattice, tables, log_z [B], used_log []): tables = (alpha [B, T, S], beta [B, T, S],
+    scale_f [B, T], scale_b [B, T]), see `_run_log` / `_run_scaled` for their meaning; log_z is the
+    total log-likelihood (-inf when no alignment fits). With method='auto', used_log says that the
+    scaled run lost mass: log_z then comes from the log recursion, the tables stay those of the
+    scaled run and `ctc_occupancy` recomputes them (so only [B] values, not tables, pass through
+    `lax.cond`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    lat = _Lattice(logits, logit_paddings, labels, label_paddings, blank_id, log_probs)
+    lat = _Lattice.build(logits, logit_paddings, labels, label_paddings, blank_id, log_probs)
+    lp = lat.emissions(logits)
     batch = lat.shape[0]
     if method == "log":
-        alpha, beta, log_scale, log_z = _run_log(lat, unroll)
+        tables, log_z = _run_log(lat, lp, block)
         used_log = jnp.array(True)
     else:
-        alpha, beta, log_scale, log_z = _run_scaled(lat, unroll)
+        tables, log_z = _run_scaled(lat, lp, block)
         used_log = jnp.array(False)
         if method == "auto":
             used_log = jnp.any(_needs_log_recursion(lat, log_z))
-            log_z = jax.lax.cond(used_log, lambda: _run_log(lat, unroll)[3], lambda: log_z)
+            log_z = jax.lax.cond(used_log, lambda: _run_log(lat, lp, block)[1], lambda: log_z)
     log_z = jnp.where(lat.feasible, log_z[:batch], -jnp.inf)
-    return lat, (alpha, beta, log_scale), log_z, used_log
+    return lat, tables, log_z, used_log
 
 
-def ctc_occupancy(lat: _Lattice, tables, log_z, used_log, method: str = "log", unroll: int = 1):
+def ctc_occupancy(lat: _Lattice, logits, tables, log_z, used_log, method: str = "log",
+                  block: int = DEFAULT_BLOCK):
     """State occupancies gamma [B, T, S] = P(the path is in state s at frame t): 0 on padded frames,
     padding states and sequences with log_z = -inf. `tables`, `log_z`, `used_log` as returned by
-    `ctc_forward_backward` with the same `method`.
+    `ctc_forward_backward` with the same `method` (and `logits`, read only when 'auto' fell back).
 
-    gamma[t] = alpha_post[t] * beta_incl[t] / p(emission at t), normalised over s within each frame
-    (it sums to 1 there), so the per-frame scales of the tables cancel and no large cumulative
-    log-scale enters: the result keeps float32 precision for any T.
+    gamma[t] = alpha[t] * beta_excl[t] / Z, with the tables' scales put back from their running sums
+    and the result renormalised over s within each frame (where it sums to 1), so that the
+    rounding of the long running sums cancels: float32 precision for any T.
     """
     if method == "auto":
         return jax.lax.cond(
             used_log,
-            lambda: _occupancy(lat, _run_log(lat, unroll)[:3], log_z, log_domain=True),
+            lambda: _occupancy(lat, _run_log(lat, lat.emissions(logits), block)[0], log_z, log_domain=True),
             lambda: _occupancy(lat, tables, log_z, log_domain=False))
     return _occupancy(lat, tables, log_z, log_domain=(method == "log"))
 
 
 def _occupancy(lat: _Lattice, tables, log_z, log_domain: bool):
-    alpha, beta, _ = tables
-    log_alpha = alpha if log_domain else jnp.log(alpha)
-    log_beta = beta if log_domain else jnp.log(beta)
-    keep = lat.frame_valid[:, :, None] & jnp.isfinite(lat.lp)
-    scores = jnp.where(keep, log_alpha + log_beta - jnp.where(keep, lat.lp, 0.0), -jnp.inf)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    unnormalised = _exp_nonpositive(scores - top)
-    total = jnp.sum(unnormalised, axis=-1, keepdims=True)
-    usable = jnp.isfinite(log_z)[:, None, None] & (total > 0)
-    return jnp.where(usable, unnormalised / jnp.where(usable, total, 1.0), 0.0)
+    alpha, beta, scale_f, scale_b = tables
+    # log of the factor that turns alpha * beta into gamma: forward scales of frames <= t,
+    # backward scales of frames > t, minus log Z.
+    finite_z = jnp.isfinite(log_z)
+    log_factor = (jnp.cumsum(scale_f, axis=1) + (jax.lax.cumsum(scale_b, axis=1, reverse=True) - scale_b)
+                  - jnp.where(finite_z, log_z, 0.0)[:, None])
+    if log_domain:
+        # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
+        gamma = _exp_nonpositive(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
+    else:  # split the factor over both tables so that neither the factors nor the product overflow
+        half = jnp.exp(jnp.clip(0.5 * log_factor, -80.0, 80.0))[:, :, None]
+        gamma = jnp.minimum((alpha * half) * (beta * half), 1e30)
+    total = jnp.sum(gamma, axis=-1, keepdims=True)
+    usable = lat.frame_valid[:, :, None] & finite_z[:, None, None] & (total > 0)
+    return jnp.where(usable, gamma / jnp.where(usable, total, 1.0), 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,28 +470,25 @@ def _nll_from(lat: _Lattice, log_z):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method, unroll):
+def _ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method, block):
     lat, _, log_z, _ = ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_id,
-                                               log_probs=log_probs, method=method, unroll=unroll)
+                                            log_probs=log_probs, method=method, block=block)
     return _nll_from(lat, log_z)
 
 
-def _ctc_nll_fwd(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method, unroll):
+def _ctc_nll_fwd(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method, block):
     lat, tables, log_z, used_log = ctc_forward_backward(
         logits, logit_paddings, labels, label_paddings, blank_id,
-        log_probs=log_probs, method=method, unroll=unroll)
-    residuals = (logits, logit_paddings, labels, label_paddings, (lat.lp, lat.log_norm),
-                 tables, log_z, used_log)
-    return _nll_from(lat, log_z), residuals
+        log_probs=log_probs, method=method, block=block)
+    return _nll_from(lat, log_z), (logits, lat, tables, log_z, used_log)
 
 
-def _ctc_nll_bwd(blank_id, log_probs, method, unroll, residuals, upstream):
-    logits, logit_paddings, labels, label_paddings, emissions, tables, log_z, used_log = residuals
-    lat = _Lattice(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, emissions)
+def _ctc_nll_bwd(blank_id, log_probs, method, block, residuals, upstream):
+    logits, lat, tables, log_z, used_log = residuals
     batch, frames, classes, _ = lat.shape
-    occupancy = ctc_occupancy(lat, tables, log_z, used_log, method, unroll)      # [B, T, S]
+    occupancy = ctc_occupancy(lat, logits, tables, log_z, used_log, method, block)   # [B, T, S]
     scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None, None]
-    # d nll / d logits = softmax * g - g * occupancy scattered onto the class ids. Blank states (even)
+    # d nll / d logits = softmax * g - g * occupancy summed onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
     # to their ids (repeated ids add up). With log_probs the softmax term is absent.
     blank_occ = jnp.sum(occupancy[:, :, 0::2], axis=-1)                              # [B, T]
@@ -421,7 +497,7 @@ def _ctc_nll_bwd(blank_id, log_probs, method, unroll, residuals, upstream):
     if not log_probs:
         probs = jnp.exp(logits.astype(jnp.float32) - lat.log_norm[:, :, None])
         grad = grad + jnp.where(lat.frame_valid[:, :, None], probs * scale, 0.0)
-    if labels.shape[1]:
+    if lat.shape[3] > 1:   # any label positions
         ids = jnp.clip(lat.ext[:, 1::2], 0, classes - 1)                          # [B, N]
         label_occ = jnp.transpose(-scale * occupancy[:, :, 1::2], (0, 2, 1))      # [B, N, T]
         grad = grad.at[jnp.arange(batch)[:, None], :, ids].add(label_occ, mode="promise_in_bounds")
@@ -435,15 +511,14 @@ def default_method(num_classes: int) -> str:
     """The recursion used when method=None, from the vocabulary size K (both choices are exact).
 
     Small K: the per-frame loop dominates and the rescaled recursion (with the exact log fallback,
-    'auto') is several times faster. Large K: the O(B*T*K) softmax, gather and gradient dominate,
-    the conversions in and out of the probability domain cost what the cheaper loop saves, and
-    long label sequences with uninformative logits make 'auto' fall back (paying twice), so 'log'.
+    'auto') is faster. Large K: the O(B*T*K) softmax, gather and gradient dominate, and long label
+    sequences with uninformative logits make 'auto' fall back (paying twice), so 'log'.
     """
     return "auto" if num_classes <= _SMALL_VOCABULARY else "log"
 
 
 def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
-            log_probs: bool = False, method: str | None = None, unroll: int = 1):
+            log_probs: bool = False, method: str | None = None, block: int = DEFAULT_BLOCK):
     """Per-sequence CTC negative log-likelihood [B] (probability semiring), differentiable in logits.
 
     logits [B, T, K] (any float dtype; accumulation in float32, gradient in the input dtype),
@@ -452,12 +527,14 @@ def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *
     Returns +inf for a sequence that no alignment fits (its gradient is 0), NaN for a row whose
     valid labels are out of [0, K) or equal to blank_id (an error instead on concrete inputs).
     method: 'auto' | 'scaled' | 'log' (see the module docstring), or None for `default_method(K)`;
-    unroll: frames per loop step.
+    block: frames per loop iteration (renormalised once per block; results do not depend on it).
     """
     check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id)
     if method is None:
         method = default_method(logits.shape[-1])
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    if not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be a positive int; got {block!r}")
     return _ctc_nll(logits, jnp.asarray(logit_paddings), jnp.asarray(labels), jnp.asarray(label_paddings),
-                    int(blank_id), bool(log_probs), method, int(unroll))
+                    int(blank_id), bool(log_probs), method, int(block))
