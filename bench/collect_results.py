@@ -56,5 +56,12 @@ def write_results() -> str:
     return RESULTS_MD
 
 
+def refresh_after(report_path: str) -> None:
+    """Called by a benchmark after writing `report_path`: rebuilds RESULTS.md when that report is
+    one of bench/results/ (not for reports written elsewhere with --out)."""
+    if os.path.dirname(os.path.abspath(report_path)) == RESULTS_DIR:
+        print(f"wrote {write_results()}")
+
+
 if __name__ == "__main__":
     print(f"wrote {write_results()}")

@@ -125,8 +125,7 @@ def main():
     print("wrote", out)
 
     import collect_results  # noqa: E402
-    if os.path.dirname(os.path.abspath(out)) == collect_results.RESULTS_DIR:
-        print(f"wrote {collect_results.write_results()}")
+    collect_results.refresh_after(out)
 
 
 if __name__ == "__main__":

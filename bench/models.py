@@ -184,8 +184,7 @@ def main(argv=None):
     print(md)
 
     import collect_results  # noqa: E402
-    if os.path.dirname(os.path.abspath(args.out)) == collect_results.RESULTS_DIR:
-        print(f"wrote {collect_results.write_results()}")
+    collect_results.refresh_after(args.out)
 
 
 if __name__ == "__main__":
