@@ -21,6 +21,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+# torch's idle OpenMP workers otherwise busy-wait after each call and slow the JAX calls that follow.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 NEW_TOKENS = 32
 PROMPT = 4
@@ -175,6 +177,7 @@ def main(argv=None):
               f"{os.cpu_count()} CPU cores, torch threads = {torch.get_num_threads()}. Decoder: greedy, "
               f"{PROMPT}-token prompt + {NEW_TOKENS} new tokens, KV cache, encoder output given. "
               f"Speed-up = transformers time / jasr time. Total bench time {time.time() - t0:.0f} s. "
+              f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}. "
               f"Load average at start/end: {load0:.1f} / {os.getloadavg()[0]:.1f} (above the core count the "
               f"figures are inflated, torch's OpenMP threads more than XLA's).")
     md = to_markdown(rows, header)
