@@ -212,7 +212,7 @@ def _dense(features, names, *, dtype, param_dtype, name, axis=-1, use_bias=True)
                            bias_init=_p(nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
 
 
-def _query_chunks(lq: int, target: int = 256) -> int:
+def _query_chunks(lq: int, target: int = 512) -> int:
     """Number of equal query blocks of at most ``target`` rows (1 when ``lq`` is small or has no such divisor)."""
     if lq <= 2 * target:
         return 1
@@ -226,9 +226,10 @@ def _attend(q, k, v, bias, dtype, dropout: Optional[nn.Dropout] = None):
     """q [B,Lq,H,D] (already scaled), k/v [B,H,Lk,D] (heads-major, the KV-cache layout, so that decoding never
     transposes the cache), bias broadcastable to [B,H,Lq,Lk] (float32). Returns [B,Lq,H,D].
 
-    Scores and softmax are float32. Long unmasked queries (the encoder's 1500) are processed one example at a time
-    in blocks of <= 256 rows (``lax.map``) so that the score matrix stays in cache: ~3x faster on CPU than one
-    [B, H, Lq, Lk] matrix, and linear in the batch size."""
+    Scores and softmax are float32. Long unmasked queries (the encoder's 1500) are processed one (example, head) at
+    a time in blocks of <= 512 rows (``lax.map``), with the softmax normalisation applied to the [rows, D] output
+    instead of the [rows, Lk] probabilities: the score block stays in cache (~3x faster on CPU than one
+    [B, H, Lq, Lk] matrix, ~12% faster than blocks over all heads), and memory is linear in the batch size."""
     qt = jnp.swapaxes(q, 1, 2)                                                                # [B, H, Lq, D]
     kt, vt = k.astype(q.dtype), v.astype(dtype)
 
@@ -245,14 +246,20 @@ def _attend(q, k, v, bias, dtype, dropout: Optional[nn.Dropout] = None):
     b, h, lq, d = qt.shape
     n = _query_chunks(lq) if (bias is None and dropout is None) else 1
     if n == 1:
-        out = block(qt, kt, vt, bias)
-    else:
-        def one_example(args):
-            qe, ke, ve = args                                                                 # [H, L, D]
-            qs = jnp.moveaxis(qe.reshape(h, n, lq // n, d), 1, 0)
-            o = jax.lax.map(lambda qb: block(qb, ke, ve, None), qs)                           # [n, H, rows, D]
-            return jnp.moveaxis(o, 0, 1).reshape(h, lq, d)
-        out = jax.lax.map(one_example, (qt, kt, vt))
+        return jnp.swapaxes(block(qt, kt, vt, bias), 1, 2)
+
+    def head_block(qb, kb, vb):                       # [rows, D] x [Lk, D]: softmax normalised after P @ V
+        w = jnp.einsum("qd,kd->qk", qb, kb, preferred_element_type=jnp.float32)
+        e = jnp.exp(w - jax.lax.stop_gradient(jnp.max(w, axis=-1, keepdims=True)))
+        o = jnp.einsum("qk,kd->qd", e.astype(dtype), vb, preferred_element_type=jnp.float32)
+        return (o / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
+
+    def one_head(args):
+        qe, ke, ve = args                                                                     # [L, D]
+        return jax.lax.map(lambda qb: head_block(qb, ke, ve), qe.reshape(n, lq // n, d)).reshape(lq, d)
+
+    flat = lambda x: x.reshape((b * h,) + x.shape[2:])
+    out = jax.lax.map(one_head, (flat(qt), flat(kt), flat(vt))).reshape(b, h, lq, d)
     return jnp.swapaxes(out, 1, 2)
 
 
