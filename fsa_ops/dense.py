@@ -7,21 +7,25 @@ the graph's final state, which consumes the extra frame ``D_b`` that k2 appends 
 (log-prob 0 for label -1, ``-inf`` for the others).  An arc taken on frame ``t`` scores
 ``graph_score + log_probs[t, label]``.  Lattice states are (frame, graph state) pairs.
 
-Hot path (``dense_tot_scores``, used by ``ctc_loss``): a ``lax.scan`` over frames whose per-frame
-work is vectorised over (segments, arcs) -- ``alpha_{t+1}[d] = (+) over arcs into d of
-alpha_t[src] + w_t(arc)`` -- without materialising the lattice.  Two layouts of the arcs, same
-results:
+Hot path (``dense_tot_scores``, used by ``ctc_loss``): a loop over frames whose per-frame work is
+vectorised over (segments, arcs) -- ``alpha_{t+1}[d] = (+) over arcs into d of alpha_t[src] +
+w_t(arc)`` -- without materialising the lattice.  The log-probs stay batch-major ``[B, T, C]``
+(frame t is sliced inside the loop); the forward scores are stored as ``[B, T+1, S]``, each frame
+shifted to max 0 (offsets kept apart).  Two layouts of the arcs, same results:
 
-- ``table`` (concrete graphs): arcs grouped by destination (forward) / source (backward) in padded
-  ``[B, S, K]`` tables built on the host-known degree ``K``; each step is a gather + a reduction
-  over ``K`` (no scatter);
-- ``segment`` (graphs traced inside a user's ``jit``): arcs in their own order, the per-state
-  reduction is a segment max/sum (scatter).
+- ``table`` (graphs whose structure is concrete, also when the loss runs inside a user's ``jit``):
+  arcs grouped by destination (forward) / source (backward) in padded ``[B, S, K]`` tables built
+  on the host-known degree ``K``; each step is a gather + a reduction over ``K`` (no scatter);
+- ``segment`` (graph structure traced): arcs in their own order, the per-state reduction is a
+  segment max/sum (scatter).
 
-The total score has an analytic ``custom_vjp``: one backward scan computes ``beta_t`` and the arc
-occupancies ``exp(alpha_t[src] + w + beta_{t+1}[dst] - tot)`` frame by frame, scatter-added onto
-``d tot / d log_probs[t, label]`` and summed over frames into ``d tot / d graph scores``.  Memory:
-the forward scores ``[T+1, B, S]``; nothing of size frames x arcs is kept.
+The total score has an analytic ``custom_vjp``: one backward loop computes ``beta_t`` and the arc
+posteriors of each frame, ``exp(alpha_t[src] + w + beta_{t+1}[dst])`` normalised over the frame's
+arcs (every path takes exactly one arc per frame, so they sum to 1): no division by the total
+score, whose float32 rounding (~1e-3 nats at a few thousand nats) would otherwise enter every
+gradient.  The posteriors are scatter-added onto ``d tot / d log_probs[t, label]`` and summed over
+frames into ``d tot / d graph scores``.  Memory: the forward scores ``[B, T+1, S]``; nothing of
+size frames x arcs is kept.
 
 ``output_beam`` (as k2): arcs whose best (Viterbi) path is worse than the best path by more than
 the beam are removed before the log-semiring total is taken.  It costs a Viterbi forward and
@@ -50,8 +54,6 @@ from jax import lax, tree_util
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import (NEG_INF, arc_table, bucket, fsa_arrays, is_traced, max_degree,
                             safe_logsumexp, score_dtype, valid_arcs)
-
-UNROLL = 1  # frames per loop iteration of the scans (less per-iteration overhead on CPU)
 
 __all__ = ["DenseFsaVec", "intersect_dense", "dense_tot_scores", "dense_frame_weights"]
 
@@ -172,9 +174,10 @@ class _Graph(NamedTuple):
 def _layout(arcs, valid, key, other, S, K, dtype):
     B, A = arcs.src.shape
     score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)
+    other = jnp.clip(other, 0, S - 1)        # in range for the gathers (invalid arcs score -inf)
     if K is None:
-        return _Layout(jnp.where(valid, jnp.arange(A, dtype=jnp.int32)[None], -1), key, other,
-                       arcs.label, score)
+        return _Layout(jnp.where(valid, jnp.arange(A, dtype=jnp.int32)[None], -1),
+                       jnp.clip(key, 0, S - 1), other, arcs.label, score)
     table = arc_table(key, valid, S, K).reshape(B, S * K)
     ok = table >= 0
     t0 = jnp.maximum(table, 0)
@@ -198,12 +201,42 @@ def _make_graph(arcs, S, kin, kout, dtype):
 # --------------------------------------------------------------------------------------------
 
 
-def dense_frame_weights(lay: _Layout, lp_t, is_final):
-    """Arc weights on one frame: graph score + log_prob of the label (label -1 only on the
-    segment's extra final frame, with log-prob 0).  lp_t [B, C]; is_final [B] -> [B, X]."""
-    lpl = jnp.take_along_axis(lp_t, jnp.maximum(lay.label, 0), axis=1)
-    fin = jnp.where(is_final, 0.0, NEG_INF).astype(lp_t.dtype)[:, None]
-    return lay.score + jnp.where(lay.label >= 0, lpl, fin)
+def dense_frame_weights(lay: _Layout, lp_t, t, dur):
+    """Arc weights on frame ``t`` (0..T): graph score + log-prob of the label, which an arc with
+    label >= 0 may only take on a frame ``t < dur`` and label -1 only on the segment's extra final
+    frame ``t == dur`` (log-prob 0).  lp_t [B, C] (frame ``min(t, T-1)``); dur [B] -> [B, X]."""
+    lpl = _take(lp_t, jnp.clip(lay.label, 0, lp_t.shape[1] - 1))
+    emit = jnp.where((t < dur)[:, None], lpl, NEG_INF)
+    fin = jnp.where(t == dur, 0.0, NEG_INF).astype(lp_t.dtype)[:, None]
+    return lay.score + jnp.where(lay.label >= 0, emit, fin)
+
+
+_UNROLLED_K = 16
+
+
+
+def _over_k(x, op):
+    """Reduces the last (degree) axis of [B, S, K] with `op` (jnp.maximum / jnp.add). Small K is
+    unrolled into elementwise ops that fuse with their producers: XLA:CPU hands reduce ops to a
+    library call that costs more than the arithmetic at these sizes (measured 1.5x per frame)."""
+    K = x.shape[-1]
+    if K > _UNROLLED_K:
+        return jnp.max(x, axis=-1) if op is jnp.maximum else jnp.sum(x, axis=-1)
+    return functools.reduce(op, [x[..., k] for k in range(K)])
+
+
+def _logsumexp_k(v):
+    """log-sum-exp over the degree axis of [B, S, K] (-inf where all are -inf) -> (lse, max, exps)."""
+    m = _over_k(v, jnp.maximum)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(v - m[..., None])
+    ssum = _over_k(e, jnp.add)
+    return jnp.where(ssum > 0, jnp.log(jnp.where(ssum > 0, ssum, 1.0)) + m, NEG_INF), m, e
+
+
+def _take(x, idx):
+    """x[b, idx[b, i]] for [B, N] x and [B, M] idx (clamped: measured no slower than unchecked)."""
+    return jnp.take_along_axis(x, idx, axis=1, mode="clip")
 
 
 def _reduce(vals, lay: _Layout, S: int, K: Optional[int], log_semiring: bool):
@@ -211,7 +244,7 @@ def _reduce(vals, lay: _Layout, S: int, K: Optional[int], log_semiring: bool):
     B = vals.shape[0]
     if K is not None:
         v = vals.reshape(B, S, K)
-        return safe_logsumexp(v, axis=-1) if log_semiring else jnp.max(v, axis=-1)
+        return _logsumexp_k(v)[0] if log_semiring else _over_k(v, jnp.maximum)
     seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * S + lay.group).reshape(-1)
     flat = vals.reshape(-1)
     m = jax.ops.segment_max(flat, seg, num_segments=B * S)
@@ -226,9 +259,9 @@ def _reduce(vals, lay: _Layout, S: int, K: Optional[int], log_semiring: bool):
 def _keep_mask(lay: _Layout, K, w, amax_t, bmax_next, cut, forward: bool):
     """Arcs within output_beam of the best path (Viterbi forward + arc + Viterbi backward)."""
     if forward:   # group = dst, other = src
-        fb = jnp.take_along_axis(amax_t, lay.other, axis=1) + w + _group_take(bmax_next, lay, K)
+        fb = _take(amax_t, lay.other) + w + _group_take(bmax_next, lay, K)
     else:         # group = src, other = dst
-        fb = _group_take(amax_t, lay, K) + w + jnp.take_along_axis(bmax_next, lay.other, axis=1)
+        fb = _group_take(amax_t, lay, K) + w + _take(bmax_next, lay.other)
     return fb > cut[:, None]
 
 
@@ -237,47 +270,61 @@ def _group_take(x, lay: _Layout, K: Optional[int]):
     if K is not None:
         B, S = x.shape
         return jnp.broadcast_to(x[:, :, None], (B, S, K)).reshape(B, S * K)
-    return jnp.take_along_axis(x, lay.group, axis=1)
+    return _take(x, lay.group)
 
 
-def dense_forward_step(alpha, lp_t, is_final, lay, S, K, log_semiring, prune=None):
-    """alpha_t [B, S] -> alpha_{t+1} [B, S] for one frame."""
-    w = dense_frame_weights(lay, lp_t, is_final)
+def _pruned_weights(lay, K, lp_t, t, dur, prune, forward: bool):
+    w = dense_frame_weights(lay, lp_t, t, dur)
     if prune is not None:
-        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=True), w, NEG_INF)
-    vals = jnp.take_along_axis(alpha, lay.other, axis=1) + w
+        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=forward), w, NEG_INF)
+    return w
+
+
+def dense_forward_step(alpha, lp_t, t, dur, lay, S, K, log_semiring, prune=None):
+    """alpha_t [B, S] -> alpha_{t+1} [B, S] for frame t."""
+    w = _pruned_weights(lay, K, lp_t, t, dur, prune, forward=True)
+    vals = _take(alpha, lay.other) + w
     return _reduce(vals, lay, S, K, log_semiring)
 
 
-def dense_backward_step(beta_next, lp_t, is_final, lay, S, K, log_semiring, prune=None):
-    """beta_{t+1} [B, S] -> (beta_t [B, S], per-arc values w + beta_{t+1}[dst] [B, X])."""
-    w = dense_frame_weights(lay, lp_t, is_final)
-    if prune is not None:
-        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=False), w, NEG_INF)
-    vals = w + jnp.take_along_axis(beta_next, lay.other, axis=1)
-    return _reduce(vals, lay, S, K, log_semiring), vals
+def dense_backward_step(beta_next, lp_t, t, dur, lay, S, K, log_semiring, prune=None):
+    """beta_{t+1} [B, S] -> beta_t [B, S] for frame t."""
+    w = _pruned_weights(lay, K, lp_t, t, dur, prune, forward=False)
+    vals = w + _take(beta_next, lay.other)
+    return _reduce(vals, lay, S, K, log_semiring)
 
 
-def dense_backward_post_step(beta_next, lp_t, is_final, lay, S, K, alpha_t, tot, scale, prune=None):
-    """Table-layout log-semiring backward step that also returns the arc occupancies
-    ``scale * exp(alpha_t[src] + w + beta_{t+1}[dst] - tot)`` [B, S*K], reusing the exponentials
-    of the log-sum-exp (one exp per arc, one per state)."""
-    w = dense_frame_weights(lay, lp_t, is_final)
-    if prune is not None:
-        w = jnp.where(_keep_mask(lay, K, w, *prune, forward=False), w, NEG_INF)
+def dense_backward_post_step(beta_next, lp_t, t, dur, lay, S, K, alpha_t, prune=None):
+    """Log-semiring backward step that also returns the arc posteriors of frame t.
+
+    beta_{t+1} [B, S] -> (beta_t [B, S], post [B, X]) with
+    ``post[x] = exp(alpha_t[src] + w + beta_{t+1}[dst]) / (sum of that over the frame's arcs)``:
+    every path takes exactly one arc per frame (t <= dur), so the frame's posteriors sum to 1 and
+    this normalisation replaces the division by the total score.  alpha_t and beta_{t+1} may
+    therefore carry any per-row offset (the loops keep them shifted to max 0, which keeps
+    float32's precision for long segments).  In table mode the exponentials of the log-sum-exp
+    are reused (one exp per arc, one per state).  post is 0 on frames past ``dur``.
+    """
+    w = _pruned_weights(lay, K, lp_t, t, dur, prune, forward=False)
     B = w.shape[0]
-    v = (w + jnp.take_along_axis(beta_next, lay.other, axis=1)).reshape(B, S, K)
-    m = jnp.max(v, axis=-1)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.exp(v - m[..., None])
-    ssum = jnp.sum(e, axis=-1)
-    beta = jnp.where(ssum > 0, jnp.log(jnp.where(ssum > 0, ssum, 1.0)) + m, NEG_INF)
-    coef = jnp.exp(alpha_t + m - tot[:, None]) * scale[:, None]
-    return beta, (e * coef[..., None]).reshape(B, S * K)
+    vals = w + _take(beta_next, lay.other)
+    if K is not None:
+        beta, m, e = _logsumexp_k(vals.reshape(B, S, K))
+        c = alpha_t + m
+        cmax = jnp.max(c, axis=-1, keepdims=True)
+        coef = jnp.exp(c - jnp.where(jnp.isfinite(cmax), cmax, 0.0))
+        un = (e * coef[..., None]).reshape(B, S * K)
+    else:
+        beta = _reduce(vals, lay, S, None, True)
+        a = _group_take(alpha_t, lay, None) + vals
+        amax = jnp.max(a, axis=-1, keepdims=True)
+        un = jnp.exp(a - jnp.where(jnp.isfinite(amax), amax, 0.0))
+    z = jnp.sum(un, axis=-1, keepdims=True)
+    return beta, un * jnp.where(z > 0, 1.0 / jnp.where(z > 0, z, 1.0), 0.0)
 
 
 # --------------------------------------------------------------------------------------------
-# scans over frames
+# loops over frames (batch-major tables, values kept shifted to max 0 per frame)
 # --------------------------------------------------------------------------------------------
 
 
@@ -296,6 +343,23 @@ def _time_major(lp, dtype):
     return jnp.concatenate([lp, jnp.full((1, B, C), NEG_INF, dtype)], axis=0)
 
 
+def _frame(lp, t):
+    """lp[:, min(t, T-1)] -> [B, C] (frame T, the segments' extra final frame, reads frame T-1:
+    `dense_frame_weights` gives it no label >= 0)."""
+    return lax.dynamic_index_in_dim(lp, jnp.minimum(t, lp.shape[1] - 1), axis=1, keepdims=False)
+
+
+def _shift_max(x):
+    """Shifts every row of [B, S] to max 0: (x - off, off [B]) (off 0 for rows without mass)."""
+    off = jnp.max(x, axis=-1)
+    off = jnp.where(jnp.isfinite(off), off, 0.0)
+    return x - off[:, None], off
+
+
+def _put(table, t, row):
+    return lax.dynamic_update_index_in_dim(table, row.astype(table.dtype), t, axis=1)
+
+
 def _start_vec(ns, S, dtype):
     return jnp.where((jnp.arange(S)[None] == 0) & (ns[:, None] > 0), 0.0, NEG_INF).astype(dtype)
 
@@ -304,93 +368,99 @@ def _final_vec(ns, S, dtype):
     return jnp.where(jnp.arange(S)[None] == (ns[:, None] - 1), 0.0, NEG_INF).astype(dtype)
 
 
-def _forward_scan(cfg: _Cfg, G: _Graph, lpT, dur, log_semiring, prune=None):
-    """Returns (tot [B], alphas [T+1, B, S] = alpha_0..alpha_T)."""
+def _prune_at(prune, t):
+    if prune is None:
+        return None
+    amax, bmax_next, cut = prune
+    return (lax.dynamic_index_in_dim(amax, t, axis=1, keepdims=False),
+            lax.dynamic_index_in_dim(bmax_next, t, axis=1, keepdims=False), cut)
+
+
+def _forward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring, prune=None):
+    """Forward scores alpha_0..alpha_T of every segment.
+
+    lp [B, T, C]. Returns (tot [B], alphas [B, T+1, S], offsets [B, T+1]) where the true
+    alpha_t = alphas[:, t] + offsets[:, t] (rows shifted to max 0 for precision)."""
     S, dtype = cfg.S, cfg.dtype
-    B = dur.shape[0]
+    B, T = lp.shape[0], lp.shape[1]
     ns = G.num_states
     final = jnp.maximum(ns - 1, 0)
-    Tp1 = lpT.shape[0]
 
-    def step(carry, xs):
-        alpha, tot = carry
-        t, lp_t = xs[0], xs[1]
-        pr = None if prune is None else (xs[2], xs[3], prune[2])
-        nxt = dense_forward_step(alpha, lp_t, t == dur, G.fwd, S, cfg.kin, log_semiring, pr)
+    def body(t, carry):
+        alpha, cum, tot, alphas, offsets = carry
+        alphas, offsets = _put(alphas, t, alpha), _put(offsets, t, cum)
+        nxt = dense_forward_step(alpha, _frame(lp, t), t, dur, G.fwd, S, cfg.kin, log_semiring,
+                                 _prune_at(prune, t))
         fin = jnp.take_along_axis(nxt, final[:, None], axis=1)[:, 0]
-        tot = jnp.where((t == dur) & (ns > 0), fin, tot)
-        return (nxt, tot), alpha
+        tot = jnp.where((t == dur) & (ns > 0), cum + fin, tot)
+        nxt, off = _shift_max(nxt)
+        return nxt, cum + off, tot, alphas, offsets
 
-    xs = (jnp.arange(Tp1, dtype=jnp.int32), lpT)
-    if prune is not None:
-        xs = xs + (prune[0], prune[1])
-    init = (_start_vec(ns, S, dtype), jnp.full((B,), NEG_INF, dtype))
-    (_, tot), alphas = lax.scan(step, init, xs, unroll=UNROLL)
-    return tot, alphas
+    init = (_start_vec(ns, S, dtype), jnp.zeros((B,), dtype), jnp.full((B,), NEG_INF, dtype),
+            jnp.zeros((B, T + 1, S), dtype), jnp.zeros((B, T + 1), dtype))
+    _, _, tot, alphas, offsets = lax.fori_loop(0, T + 1, body, init)
+    return tot, alphas, offsets
 
 
-def _backward_scan(cfg: _Cfg, G: _Graph, lpT, dur, log_semiring):
-    """Viterbi/log backward scores beta_{t+1} for t = 0..T: [T+1, B, S] (no pruning)."""
+def _backward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring):
+    """Backward scores beta_{t+1} for t = 0..T (no pruning): [B, T+1, S], true values."""
     S, dtype = cfg.S, cfg.dtype
-    ns = G.num_states
-    Tp1 = lpT.shape[0]
-    fvec = _final_vec(ns, S, dtype)
+    B, T = lp.shape[0], lp.shape[1]
+    fvec = _final_vec(G.num_states, S, dtype)
 
-    def step(beta, xs):
-        t, lp_t = xs
-        beta_next = jnp.where((t == dur)[:, None], fvec, beta)
-        b, _ = dense_backward_step(beta_next, lp_t, t == dur, G.bwd, S, cfg.kout, log_semiring)
-        return b, beta_next
+    def body(i, carry):
+        beta, cum, out = carry
+        t = T - i
+        at_end = (t == dur)[:, None]
+        beta_next = jnp.where(at_end, fvec, beta)
+        cum = jnp.where(at_end[:, 0], 0.0, cum)
+        out = _put(out, t, beta_next + cum[:, None])
+        b = dense_backward_step(beta_next, _frame(lp, t), t, dur, G.bwd, S, cfg.kout, log_semiring)
+        b, off = _shift_max(b)
+        return b, cum + off, out
 
-    _, betas_next = lax.scan(step, jnp.full(fvec.shape, NEG_INF, dtype),
-                             (jnp.arange(Tp1, dtype=jnp.int32), lpT), reverse=True)
-    return betas_next
+    init = (jnp.full(fvec.shape, NEG_INF, dtype), jnp.zeros((B,), dtype), jnp.zeros((B, T + 1, S), dtype))
+    return lax.fori_loop(0, T + 1, body, init)[2]
 
 
-def _prune_info(cfg: _Cfg, G: _Graph, lpT, dur):
+def _prune_info(cfg: _Cfg, G: _Graph, lp, dur):
+    """Viterbi tables for output_beam: (amax [B, T+1, S], bmax_next [B, T+1, S], cut [B])."""
     if not math.isfinite(cfg.beam):
         return None
-    best, amax = _forward_scan(cfg, G, lpT, dur, False)
-    bmax_next = _backward_scan(cfg, G, lpT, dur, False)
+    best, amax, off = _forward_loop(cfg, G, lp, dur, False)
+    bmax_next = _backward_loop(cfg, G, lp, dur, False)
     cut = best - jnp.asarray(cfg.beam, cfg.dtype)          # -inf when there is no path
-    return amax, bmax_next, lax.stop_gradient(cut)
+    return amax + off[:, :, None], bmax_next, lax.stop_gradient(cut)
 
 
-def _grad_scan(cfg: _Cfg, G: _Graph, lpT, dur, alphas, tot, g, prune):
-    """Backward scan: d tot / d log_probs [T+1, B, C] and d tot / d arc (bwd layout) [B, X]."""
+def _grad_loop(cfg: _Cfg, G: _Graph, lp, dur, alphas, tot, g, prune):
+    """Backward loop: d tot / d log_probs [B, T, C] and d tot / d arc (bwd layout) [B, X]."""
     S, dtype = cfg.S, cfg.dtype
-    B = dur.shape[0]
-    C = lpT.shape[2]
+    B, T, C = lp.shape
     ns = G.num_states
     lay = G.bwd
-    Tp1 = lpT.shape[0]
     fvec = _final_vec(ns, S, dtype)
-    ok = jnp.isfinite(tot)
-    tot_safe = jnp.where(ok, tot, 0.0)
-    scale = jnp.where(ok, g.astype(dtype), 0.0)
+    scale = jnp.where(jnp.isfinite(tot), g.astype(dtype), 0.0)[:, None]
     lab_seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * C + jnp.maximum(lay.label, 0)).reshape(-1)
     lab_ok = lay.label >= 0
 
-    def step(carry, xs):
-        beta, acc = carry
-        t, lp_t, alpha_t = xs[0], xs[1], xs[2]
-        pr = None if prune is None else (xs[3], xs[4], prune[2])
+    def body(i, carry):
+        beta, acc, glp = carry
+        t = T - i
         beta_next = jnp.where((t == dur)[:, None], fvec, beta)
-        if cfg.kout is not None:
-            b, post = dense_backward_post_step(beta_next, lp_t, t == dur, lay, S, cfg.kout, alpha_t,
-                                               tot_safe, scale, pr)
-        else:
-            b, vals = dense_backward_step(beta_next, lp_t, t == dur, lay, S, None, True, pr)
-            post = jnp.exp(_group_take(alpha_t, lay, None) + vals - tot_safe[:, None]) * scale[:, None]
-        glp = jax.ops.segment_sum(jnp.where(lab_ok, post, 0.0).reshape(-1), lab_seg,
-                                  num_segments=B * C).reshape(B, C)
-        return (b, acc + post), glp
+        alpha_t = lax.dynamic_index_in_dim(alphas, t, axis=1, keepdims=False)
+        b, post = dense_backward_post_step(beta_next, _frame(lp, t), t, dur, lay, S, cfg.kout, alpha_t,
+                                           _prune_at(prune, t))
+        post = post * scale
+        glp_t = jax.ops.segment_sum(jnp.where(lab_ok, post, 0.0).reshape(-1), lab_seg,
+                                    num_segments=B * C).reshape(B, C)
+        # frame T (no label >= 0 arcs: glp_t = 0) writes row T-1, which frame T-1 then overwrites
+        glp = _put(glp, jnp.minimum(t, T - 1), glp_t)
+        return _shift_max(b)[0], acc + post, glp
 
-    xs = (jnp.arange(Tp1, dtype=jnp.int32), lpT, alphas)
-    if prune is not None:
-        xs = xs + (prune[0], prune[1])
-    init = (jnp.full(fvec.shape, NEG_INF, dtype), jnp.zeros(lay.score.shape, dtype))
-    (_, acc), glp = lax.scan(step, init, xs, reverse=True, unroll=UNROLL)
+    init = (jnp.full(fvec.shape, NEG_INF, dtype), jnp.zeros(lay.score.shape, dtype),
+            jnp.zeros((B, T, C), dtype))
+    _, acc, glp = lax.fori_loop(0, T + 1, body, init)
     return glp, acc
 
 
@@ -410,9 +480,9 @@ def _graph(cfg, arcs):
 
 def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
     G = _graph(cfg, arcs)
-    lpT = _time_major(lp, cfg.dtype)
-    prune = _prune_info(cfg, G, lpT, dur)
-    tot, alphas = _forward_scan(cfg, G, lpT, dur, True, prune)
+    lpc = lp.astype(cfg.dtype)
+    prune = _prune_info(cfg, G, lpc, dur)
+    tot, alphas, _ = _forward_loop(cfg, G, lpc, dur, True, prune)
     return tot, (arcs, lp, dur, alphas, tot, prune)
 
 
@@ -426,9 +496,8 @@ def _dense_tot_bwd(cfg: _Cfg, res, g):
 @functools.partial(jax.jit, static_argnums=(0,))
 def _dense_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
     G = _graph(cfg, arcs)
-    lpT = _time_major(lp, cfg.dtype)
-    glpT, acc = _grad_scan(cfg, G, lpT, dur, alphas, tot, g, prune)
-    glp = jnp.moveaxis(glpT[:-1], 0, 1).astype(lp.dtype)        # [B, T, C]
+    glp, acc = _grad_loop(cfg, G, lp.astype(cfg.dtype), dur, alphas, tot, g, prune)
+    glp = glp.astype(lp.dtype)
     B, A = arcs.src.shape
     lay = G.bwd
     idx = jnp.where(lay.arc >= 0, lay.arc, A)
@@ -476,7 +545,8 @@ def _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a
             raise ValueError(f"a_to_b_map: entries must be in [0, {Bd})")
         lp, dur = lp[m], dur[m]
     elif Bg == 1 and Bd > 1:
-        arcs = jax.tree.map(lambda x: jnp.broadcast_to(x, (Bd,) + x.shape[1:]), arcs)
+        arcs = jax.tree.map(lambda x: (np if isinstance(x, np.ndarray) else jnp).broadcast_to(
+            x, (Bd,) + x.shape[1:]), arcs)
     elif Bg != Bd:
         raise ValueError(f"{name}: {Bg} graphs for {Bd} supervision segments (give one graph per "
                          "segment, a single shared graph, or a_to_b_map)")
@@ -516,22 +586,23 @@ def _lattice_core(cfg: _Cfg, arcs, attrs, lp, dur):
     S = cfg.S
     dtype = cfg.dtype
     T = lp.shape[1]
-    lpT = _time_major(lp, dtype)                                  # [T+1, B, C]
+    lp = lp.astype(dtype)
     G = _graph(cfg, arcs)
-    prune = _prune_info(cfg, G, lpT, dur)
+    prune = _prune_info(cfg, G, lp, dur)
     valid = valid_arcs(arcs)
     ns = arcs.num_states
     t = jnp.arange(T + 1, dtype=jnp.int32)[None, :, None]         # [1, T+1, 1]
     d = dur[:, None, None]
     is_final = t == d                                             # [B, T+1, 1]
     lab = arcs.label[:, None, :]
-    lpl = jnp.take_along_axis(jnp.moveaxis(lpT, 0, 1), jnp.maximum(lab, 0), axis=2)  # [B,T+1,A]
+    lp_ext = jnp.concatenate([lp, jnp.full((B, 1, lp.shape[2]), NEG_INF, dtype)], axis=1)  # [B,T+1,C]
+    lpl = jnp.take_along_axis(lp_ext, jnp.maximum(lab, 0), axis=2)              # [B,T+1,A]
     score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)[:, None, :]
     w = score + jnp.where(lab >= 0, lpl, jnp.where(is_final, 0.0, NEG_INF))
     if prune is not None:
-        amax, bmax_next, cut = prune                              # [T+1, B, S]
-        fa = jnp.take_along_axis(jnp.moveaxis(amax, 0, 1), arcs.src[:, None, :], axis=2)
-        bb = jnp.take_along_axis(jnp.moveaxis(bmax_next, 0, 1), arcs.dst[:, None, :], axis=2)
+        amax, bmax_next, cut = prune                              # [B, T+1, S]
+        fa = jnp.take_along_axis(amax, arcs.src[:, None, :], axis=2)
+        bb = jnp.take_along_axis(bmax_next, arcs.dst[:, None, :], axis=2)
         w = jnp.where(fa + w + bb > cut[:, None, None], w, NEG_INF)
     real_arc = valid[:, None, :] & (((lab >= 0) & (t < d)) | ((lab == -1) & is_final))
     w = jnp.where(real_arc, w, NEG_INF)

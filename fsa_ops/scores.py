@@ -113,25 +113,32 @@ def fsa_arrays(fsa, name: str = "fsas"):
         if not hasattr(fsa, f):
             raise TypeError(f"{name}: expected an fsa_ops Fsa/FsaVec, got {type(fsa).__name__} "
                             f"(no attribute {f!r})")
-    src = jnp.asarray(fsa.src)
+    src = _structural(fsa.src)
     batch = src.ndim == 2
     if src.ndim not in (1, 2):
         raise ValueError(f"{name}: arc arrays must be [A] or [B, A], got shape {src.shape}")
-    arrs = [jnp.asarray(getattr(fsa, f)) for f in ("src", "dst", "label", "score")]
-    ns = jnp.asarray(fsa.num_states, jnp.int32)
-    na = jnp.asarray(fsa.num_arcs, jnp.int32)
+    dst, label = _structural(fsa.dst), _structural(fsa.label)
+    score = jnp.asarray(fsa.score)
+    ns, na = _structural(fsa.num_states), _structural(fsa.num_arcs)
     if not batch:
-        arrs = [a[None] for a in arrs]
+        src, dst, label, score = (a[None] for a in (src, dst, label, score))
         ns, na = ns.reshape(1), na.reshape(1)
-    max_states = int(fsa.max_states)
-    src, dst, label, score = arrs
-    return _Arcs(src.astype(jnp.int32), dst.astype(jnp.int32), label.astype(jnp.int32), score,
-                 ns, na), max_states, batch
+    return _Arcs(src, dst, label, score, ns, na), int(fsa.max_states), batch
+
+
+def _structural(x):
+    """int32 arc structure: numpy when concrete, so that it stays concrete (host-inspectable, e.g.
+    for the degree tables) when an op runs inside a user's ``jit``; jnp when traced."""
+    if is_traced(x):
+        return jnp.asarray(x).astype(jnp.int32)
+    return np.asarray(x).astype(np.int32)
 
 
 def valid_arcs(arcs: _Arcs):
+    """[B, A] bool: arc slot < num_arcs (numpy when num_arcs is concrete)."""
     A = arcs.src.shape[1]
-    return jnp.arange(A, dtype=jnp.int32)[None, :] < arcs.num_arcs[:, None]
+    xp = jnp if is_traced(arcs.num_arcs) else np
+    return xp.arange(A, dtype=np.int32)[None, :] < xp.asarray(arcs.num_arcs)[:, None]
 
 
 def max_degree(key, valid, num_keys: int, traced_default: int) -> int:
@@ -359,7 +366,7 @@ def _prep(fsas, use_double_scores):
         S = 1
     valid = valid_arcs(arcs)
     if not is_traced(arcs.score):
-        valid = valid & ~jnp.isneginf(arcs.score)   # as _table_arcs; else a structural bound
+        valid = valid & ~np.isneginf(np.asarray(arcs.score))   # as _table_arcs; else a structural bound
     A = arcs.src.shape[1]
     kin = max_degree(arcs.dst, valid, S, A)
     kout = max_degree(arcs.src, valid, S, A)

@@ -219,6 +219,28 @@ def test_graph_ctc_equals_jasr_ctc_loss():
                                jax.grad(lambda x: jnp.sum(theirs(x)))(x), atol=1e-5)
 
 
+def test_graph_ctc_gradient_keeps_float32_precision_on_long_segments_under_jit():
+    """A total score of ~-3000 nats: posteriors taken as exp(alpha + beta - tot) would lose ~1e-3 to
+    float32 rounding; the per-frame normalised posteriors match jasr.ctc_loss to ~1e-6. The graph is
+    closed over by the jit (concrete structure: the degree-table layout)."""
+    losses = pytest.importorskip("jasr.losses")
+    rng = np.random.default_rng(11)
+    B, T, C, L = 2, 1000, 30, 100
+    x = jnp.asarray(rng.normal(size=(B, T, C)).astype(np.float32))
+    labels = rng.integers(1, C, size=(B, L)).astype(np.int32)
+    graph = ctc_graph([list(r) for r in labels])
+    segs = np.array([[0, 0, T], [1, 0, T - 37]], np.int32)
+    tpad = (np.arange(T)[None] >= segs[:, 2:3]).astype(np.float32)
+    lpad = np.zeros((B, L), np.float32)
+    ours = jax.jit(jax.value_and_grad(lambda x: ctc_loss(
+        graph, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=None, reduction="sum")))
+    theirs = jax.jit(jax.value_and_grad(lambda x: jnp.sum(losses.ctc_loss(x, tpad, labels, lpad, method="log"))))
+    (l1, g1), (l2, g2) = ours(x), theirs(x)
+    assert float(l2) > 2500
+    np.testing.assert_allclose(l1, l2, rtol=1e-6)
+    np.testing.assert_allclose(g1, g2, atol=2e-5)
+
+
 def test_impossible_segment_and_errors():
     g = ctc_graph([[1, 1, 1]])        # needs >= 5 frames
     lp = jax.nn.log_softmax(jnp.zeros((1, 4, 3)))
