@@ -100,12 +100,12 @@ def main():
         rows.append((f"graph ctc_loss (ctc_graph, output_beam={beam})", t, c))
         print(rows[-1], flush=True)
     try:
-        from fsa_ops.ctc import ctc_nll
+        from fsa_ops.ctc import ctc_nll, default_method
 
         def ref(x):
             return jnp.sum(ctc_nll(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad)))
         t, c = timeit(jax.jit(jax.value_and_grad(ref)), logits, reps=args.reps)
-        rows.append(("fsa_ops.ctc.ctc_nll (method='auto': scaled recursion)", t, c))
+        rows.append((f"fsa_ops.ctc.ctc_nll (method={default_method(C)!r} for C={C})", t, c))
         print(rows[-1], flush=True)
     except ImportError as e:
         print(f"fsa_ops.ctc not available: {e}")

@@ -205,7 +205,9 @@ def dense_frame_weights(lay: _Layout, lp_t, t, dur):
     """Arc weights on frame ``t`` (0..T): graph score + log-prob of the label, which an arc with
     label >= 0 may only take on a frame ``t < dur`` and label -1 only on the segment's extra final
     frame ``t == dur`` (log-prob 0).  lp_t [B, C] (frame ``min(t, T-1)``); dur [B] -> [B, X]."""
-    lpl = _take(lp_t, jnp.clip(lay.label, 0, lp_t.shape[1] - 1))
+    B, C = lp_t.shape
+    flat = jnp.arange(B, dtype=jnp.int32)[:, None] * C + jnp.clip(lay.label, 0, C - 1)
+    lpl = jnp.take(lp_t.reshape(-1), flat, mode="clip")
     emit = jnp.where((t < dur)[:, None], lpl, NEG_INF)
     fin = jnp.where(t == dur, 0.0, NEG_INF).astype(lp_t.dtype)[:, None]
     return lay.score + jnp.where(lay.label >= 0, emit, fin)
@@ -519,6 +521,9 @@ def _dense_tot_jit(cfg, arcs, lp, dur):
 # --------------------------------------------------------------------------------------------
 
 
+_TABLE_PADDING = 4   # table layout only while S * K <= this many times the number of arcs
+
+
 def _check_dense(b_fsas):
     if not isinstance(b_fsas, DenseFsaVec):
         raise TypeError(f"b_fsas: expected a DenseFsaVec, got {type(b_fsas).__name__}")
@@ -562,8 +567,10 @@ def _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a
     if is_traced(arcs.src, arcs.dst, arcs.num_arcs):
         kin = kout = None                                   # segment layout
     else:
-        kin = max_degree(arcs.dst, valid, S, A)
-        kout = max_degree(arcs.src, valid, S, A)
+        # a direction whose degree table would be mostly padding (e.g. the final state of a
+        # denominator graph, entered from every state) uses the segment layout instead
+        kin, kout = (k if S * k <= _TABLE_PADDING * max(A, 1) else None
+                     for k in (max_degree(arcs.dst, valid, S, A), max_degree(arcs.src, valid, S, A)))
     cfg = _Cfg(S, kin, kout, output_beam, score_dtype(use_double_scores))
     return cfg, arcs, lp, dur
 
