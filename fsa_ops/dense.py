@@ -52,8 +52,8 @@ import numpy as np
 from jax import lax, tree_util
 
 from fsa_ops.fsa import Fsa
-from fsa_ops.scores import (NEG_INF, arc_table, bucket, fsa_arrays, is_traced, max_degree,
-                            safe_logsumexp, score_dtype, valid_arcs)
+from fsa_ops.scores import (NEG_INF, arc_table, fsa_arrays, is_traced, max_degree, score_dtype,
+                            valid_arcs)
 
 __all__ = ["DenseFsaVec", "intersect_dense", "dense_tot_scores", "dense_frame_weights"]
 
@@ -214,7 +214,6 @@ def dense_frame_weights(lay: _Layout, lp_t, t, dur):
 
 
 _UNROLLED_K = 16
-
 
 
 def _over_k(x, op):
