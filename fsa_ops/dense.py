@@ -528,8 +528,12 @@ def _check_dense(b_fsas):
         raise TypeError(f"b_fsas: expected a DenseFsaVec, got {type(b_fsas).__name__}")
 
 
-def _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a_fsas"):
-    """Graph arcs batched to one graph per output sequence, the matching log-probs and config."""
+def _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a_fsas",
+             sparse_tables_as_segments: bool = True):
+    """Graph arcs batched to one graph per output sequence, the matching log-probs and config.
+
+    kin / kout: the in/out degree for the table layout, None for the segment layout (traced
+    structure, or -- unless `sparse_tables_as_segments` is False -- a mostly-padding table)."""
     _check_dense(b_fsas)
     if output_beam is None:
         output_beam = math.inf
@@ -568,7 +572,7 @@ def _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a
     else:
         # a direction whose degree table would be mostly padding (e.g. the final state of a
         # denominator graph, entered from every state) uses the segment layout instead
-        kin, kout = (k if S * k <= _TABLE_PADDING * max(A, 1) else None
+        kin, kout = (k if S * k <= _TABLE_PADDING * max(A, 1) or not sparse_tables_as_segments else None
                      for k in (max_degree(arcs.dst, valid, S, A), max_degree(arcs.src, valid, S, A)))
     cfg = _Cfg(S, kin, kout, output_beam, score_dtype(use_double_scores))
     return cfg, arcs, lp, dur

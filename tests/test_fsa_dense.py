@@ -241,6 +241,35 @@ def test_graph_ctc_gradient_keeps_float32_precision_on_long_segments_under_jit()
     np.testing.assert_allclose(g1, g2, atol=2e-5)
 
 
+def test_mixed_layouts_for_a_denominator_like_graph(monkeypatch):
+    """Every state has an arc into the final state: the forward direction's degree table would be
+    mostly padding and uses the segment layout, the backward one the table; same numbers as both
+    tables."""
+    import fsa_ops.dense as dense_mod
+    rng = np.random.default_rng(3)
+    S, C, T = 30, 6, 7
+    src = np.concatenate([np.repeat(np.arange(S), 2), np.arange(S)])
+    dst = np.concatenate([rng.integers(0, S, size=2 * S), np.full(S, S)])
+    lab = np.concatenate([rng.integers(0, C, size=2 * S), np.full(S, -1)])
+    graph = Fsa.from_arcs(src, dst, lab, rng.normal(size=src.size).astype(np.float32) * 0.3, num_states=S + 1)
+    lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, T, C)).astype(np.float32)))
+    segs = np.array([[0, 0, T], [1, 0, T - 2]], np.int32)
+    cfg = dense_mod._prepare(graph, DenseFsaVec(lp, segs), None, math.inf, True)[0]
+    assert cfg.kin is None and cfg.kout is not None
+
+    def value_and_grad():
+        f = lambda x, s: jnp.sum(dense_tot_scores(graph.replace(score=s), DenseFsaVec(x, segs)))
+        return jax.value_and_grad(f, argnums=(0, 1))(lp, jnp.asarray(graph.score))
+
+    (v1, g1) = value_and_grad()
+    monkeypatch.setattr(dense_mod, "_TABLE_PADDING", 10 ** 9)
+    (v2, g2) = value_and_grad()
+    assert np.isfinite(float(v1))
+    np.testing.assert_allclose(v1, v2, rtol=1e-6)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_impossible_segment_and_errors():
     g = ctc_graph([[1, 1, 1]])        # needs >= 5 frames
     lp = jax.nn.log_softmax(jnp.zeros((1, 4, 3)))
