@@ -16,9 +16,9 @@ Algorithm: a ``lax.scan`` over state index (states of a top-sorted FSA are numbe
 arc goes from a lower to a higher state), batched over FSAs.  The per-state step reads a padded
 table of incoming (forward) / leaving (backward) arcs, ``[B, max_states, K]``; ``K`` is the largest
 in/out degree, measured on the host when the arcs are concrete (rounded up to a few bucket sizes
-so that similar FSAs share a compiled program) and ``A`` (the padded arc count) when the FSA is traced
-inside a user's ``jit`` (correct, but ``O(states x arcs)`` work: build FSAs outside jit for large
-ones).  Lattices produced by :func:`fsa_ops.dense.intersect_dense` have a frame-synchronous
+so that similar FSAs share a compiled program) and ``A`` (the padded arc count) when the FSA's
+structure is traced, i.e. passed as an argument of a user's ``jit`` (correct, but
+``O(states x arcs)`` work: close over large FSAs instead, which keeps their structure concrete).  Lattices produced by :func:`fsa_ops.dense.intersect_dense` have a frame-synchronous
 structure; their total scores are computed much faster by ``fsa_ops.dense.dense_tot_scores``.
 
 Gradients: ``get_tot_scores`` has an analytic ``custom_vjp``: the gradient w.r.t. arc scores is
