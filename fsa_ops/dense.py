@@ -337,13 +337,6 @@ class _Cfg(NamedTuple):
     dtype: object
 
 
-def _time_major(lp, dtype):
-    """[B, T, C] -> [T+1, B, C] with an extra all -inf row (the final frame of full segments)."""
-    B, T, C = lp.shape
-    lp = jnp.moveaxis(lp.astype(dtype), 1, 0)
-    return jnp.concatenate([lp, jnp.full((1, B, C), NEG_INF, dtype)], axis=0)
-
-
 def _frame(lp, t):
     """lp[:, min(t, T-1)] -> [B, C] (frame T, the segments' extra final frame, reads frame T-1:
     `dense_frame_weights` gives it no label >= 0)."""
@@ -377,30 +370,31 @@ def _prune_at(prune, t):
             lax.dynamic_index_in_dim(bmax_next, t, axis=1, keepdims=False), cut)
 
 
-def _forward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring, prune=None):
+def _forward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring, prune=None, true_values=False):
     """Forward scores alpha_0..alpha_T of every segment.
 
-    lp [B, T, C]. Returns (tot [B], alphas [B, T+1, S], offsets [B, T+1]) where the true
-    alpha_t = alphas[:, t] + offsets[:, t] (rows shifted to max 0 for precision)."""
+    lp [B, T, C]. Returns (tot [B], alphas [B, T+1, S]): each frame's row shifted to max 0 (what
+    the posteriors need; keeps float32's precision), or with `true_values` the scores themselves
+    (the running offsets added back; for the Viterbi pruning tables)."""
     S, dtype = cfg.S, cfg.dtype
     B, T = lp.shape[0], lp.shape[1]
     ns = G.num_states
     final = jnp.maximum(ns - 1, 0)
 
     def body(t, carry):
-        alpha, cum, tot, alphas, offsets = carry
-        alphas, offsets = _put(alphas, t, alpha), _put(offsets, t, cum)
+        alpha, cum, tot, alphas = carry
+        alphas = _put(alphas, t, alpha + cum[:, None] if true_values else alpha)
         nxt = dense_forward_step(alpha, _frame(lp, t), t, dur, G.fwd, S, cfg.kin, log_semiring,
                                  _prune_at(prune, t))
         fin = jnp.take_along_axis(nxt, final[:, None], axis=1)[:, 0]
         tot = jnp.where((t == dur) & (ns > 0), cum + fin, tot)
         nxt, off = _shift_max(nxt)
-        return nxt, cum + off, tot, alphas, offsets
+        return nxt, cum + off, tot, alphas
 
     init = (_start_vec(ns, S, dtype), jnp.zeros((B,), dtype), jnp.full((B,), NEG_INF, dtype),
-            jnp.zeros((B, T + 1, S), dtype), jnp.zeros((B, T + 1), dtype))
-    _, _, tot, alphas, offsets = lax.fori_loop(0, T + 1, body, init)
-    return tot, alphas, offsets
+            jnp.zeros((B, T + 1, S), dtype))
+    _, _, tot, alphas = lax.fori_loop(0, T + 1, body, init)
+    return tot, alphas
 
 
 def _backward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring):
@@ -428,10 +422,10 @@ def _prune_info(cfg: _Cfg, G: _Graph, lp, dur):
     """Viterbi tables for output_beam: (amax [B, T+1, S], bmax_next [B, T+1, S], cut [B])."""
     if not math.isfinite(cfg.beam):
         return None
-    best, amax, off = _forward_loop(cfg, G, lp, dur, False)
+    best, amax = _forward_loop(cfg, G, lp, dur, False, true_values=True)
     bmax_next = _backward_loop(cfg, G, lp, dur, False)
     cut = best - jnp.asarray(cfg.beam, cfg.dtype)          # -inf when there is no path
-    return amax + off[:, :, None], bmax_next, lax.stop_gradient(cut)
+    return amax, bmax_next, lax.stop_gradient(cut)
 
 
 def _grad_loop(cfg: _Cfg, G: _Graph, lp, dur, alphas, tot, g, prune):
@@ -483,7 +477,7 @@ def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
     G = _graph(cfg, arcs)
     lpc = lp.astype(cfg.dtype)
     prune = _prune_info(cfg, G, lpc, dur)
-    tot, alphas, _ = _forward_loop(cfg, G, lpc, dur, True, prune)
+    tot, alphas = _forward_loop(cfg, G, lpc, dur, True, prune)
     return tot, (arcs, lp, dur, alphas, tot, prune)
 
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fsa_ops.dense import DenseFsaVec, _layout, _prepare, _time_major
+from fsa_ops.dense import DenseFsaVec, _layout, _prepare
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
@@ -79,6 +79,13 @@ def pruned_frame_step(act, sc, lp_t, is_final, tab, cfg: _PCfg):
     dst_slot = jnp.take_along_axis(slot, c_dst.reshape(B, -1), axis=1).reshape(c_dst.shape)
     w = jnp.where(dst_slot >= 0, w, NEG_INF)
     return new_act, new_sc, w, dst_slot, c_arc, c_lab
+
+
+def _time_major(lp, dtype):
+    """[B, T, C] -> [T+1, B, C] with an extra all -inf row (the final frame of full segments)."""
+    B, T, C = lp.shape
+    lp = jnp.moveaxis(lp.astype(dtype), 1, 0)
+    return jnp.concatenate([lp, jnp.full((1, B, C), NEG_INF, dtype)], axis=0)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
