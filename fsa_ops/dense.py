@@ -169,6 +169,7 @@ class _Graph(NamedTuple):
     fwd: _Layout            # grouped by dst (forward)
     bwd: _Layout            # grouped by src (backward)
     num_states: jax.Array   # [B]
+    band: Optional[jax.Array] = None   # [B, D, S] scores by dst - src offset (`_band_scores`)
 
 
 def _layout(arcs, valid, key, other, S, K, dtype):
@@ -325,6 +326,143 @@ def dense_backward_post_step(beta_next, lp_t, t, dur, lay, S, K, alpha_t, prune=
 
 
 # --------------------------------------------------------------------------------------------
+# state-labelled graphs: every arc into a state carries the same label (CTC graphs and topologies,
+# HMM-like graphs with labels on states).  The frame weight then belongs to the destination state,
+# ``w_t(arc) = score(arc) + e_t[dst]``, and ``e`` [B, T+1, S] is gathered once before the loops:
+# the per-frame steps touch no log-probs, and d tot / d log_probs is the state occupancy
+# ``alpha_{t+1}[s] * beta_{t+1}[s] / Z`` scattered onto the states' labels after the loops.
+# --------------------------------------------------------------------------------------------
+
+
+def _state_labels(lay: _Layout, S: int, K: Optional[int]):
+    """[B, S] label of the arcs entering each state (forward layout); -2 for states without any."""
+    lab = jnp.where(lay.arc >= 0, lay.label, -2)
+    B = lab.shape[0]
+    if K is not None:
+        return jnp.max(lab.reshape(B, S, K), axis=-1)
+    seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * S + lay.group).reshape(-1)
+    out = jax.ops.segment_max(lab.reshape(-1), seg, num_segments=B * S).reshape(B, S)
+    return jnp.maximum(out, -2)
+
+
+def state_emissions(state_label, lp, dur):
+    """e [B, T+1, S]: the weight of entering state s on frame t -- ``lp[t, label(s)]`` for t < dur,
+    0 on the extra final frame t == dur for states entered by label -1, -inf otherwise."""
+    B, T, C = lp.shape
+    S = state_label.shape[1]
+    ids = jnp.broadcast_to(jnp.clip(state_label, 0, C - 1)[:, None, :], (B, T, S))
+    g = jnp.take_along_axis(lp, ids, axis=2, mode="promise_in_bounds")
+    g = jnp.concatenate([g, jnp.full((B, 1, S), NEG_INF, lp.dtype)], axis=1)
+    t = jnp.arange(T + 1, dtype=jnp.int32)[None, :, None]
+    d = dur[:, None, None]
+    lab = state_label[:, None, :]
+    return jnp.where((t < d) & (lab >= 0), g,
+                     jnp.where((t == d) & (lab == -1), 0.0, NEG_INF).astype(lp.dtype))
+
+
+# Band layout (labelled graphs whose arcs have at most `_MAX_BAND` distinct offsets dst - src and
+# no two arcs with the same src and dst, e.g. CTC graphs: offsets 0, 1, 2): band[b, j, s] is the
+# score of the arc s - offsets[j] -> s (-inf if none), and a step is a few shifted copies of the
+# state vector instead of a gather through the arc table.
+_MAX_BAND = 4
+
+
+def band_offsets(arcs, S: int) -> Optional[tuple]:
+    """Sorted distinct dst - src offsets if the graph fits the band layout, else None (host-side)."""
+    if is_traced(arcs.src, arcs.dst, arcs.num_arcs):
+        return None
+    valid = np.asarray(valid_arcs(arcs))
+    if not valid.any():
+        return None
+    src, dst = np.asarray(arcs.src)[valid], np.asarray(arcs.dst)[valid]
+    offsets = np.unique(dst - src)
+    if len(offsets) > _MAX_BAND:
+        return None
+    b_idx = np.broadcast_to(np.arange(valid.shape[0])[:, None], valid.shape)[valid].astype(np.int64)
+    pair = (b_idx * S + src) * S + dst
+    if len(np.unique(pair)) != len(pair):          # parallel arcs: one band slot cannot hold both
+        return None
+    return tuple(int(o) for o in offsets)
+
+
+def _band_scores(arcs, offsets, S, dtype):
+    """[B, D, S]: band[b, j, s] = score of arc (s - offsets[j] -> s) of graph b, -inf if none."""
+    B, A = arcs.src.shape
+    valid = valid_arcs(arcs)
+    off = jnp.asarray(arcs.dst) - jnp.asarray(arcs.src)
+    j = jnp.searchsorted(jnp.asarray(offsets, jnp.int32), off).astype(jnp.int32)
+    j = jnp.where(valid, j, len(offsets))                              # out of range: dropped
+    b_idx = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, A))
+    band = jnp.full((B, len(offsets), S), NEG_INF, dtype)
+    return band.at[b_idx, j, jnp.clip(jnp.asarray(arcs.dst), 0, S - 1)].set(
+        jnp.asarray(arcs.score).astype(dtype), mode="drop")
+
+
+def _shift_states(x, by: int):
+    """x[:, s - by] along the last axis (-inf shifted in); `by` static, either sign."""
+    if by == 0:
+        return x
+    n = x.shape[-1]
+    if abs(by) >= n:
+        return jnp.full_like(x, NEG_INF)
+    pad = jnp.full(x.shape[:-1] + (abs(by),), NEG_INF, x.dtype)
+    if by > 0:
+        return jnp.concatenate([pad, x[..., :n - by]], axis=-1)
+    return jnp.concatenate([x[..., -by:], pad], axis=-1)
+
+
+def _band_reduce(terms, log_semiring):
+    """(+) over a list of [B, S] terms (log-sum-exp or max), -inf where all are -inf."""
+    m = functools.reduce(jnp.maximum, terms)
+    if not log_semiring:
+        return m
+    m0 = jnp.where(jnp.isfinite(m), m, 0.0)
+    ssum = functools.reduce(jnp.add, [jnp.exp(v - m0) for v in terms])
+    return jnp.where(ssum > 0, jnp.log(jnp.where(ssum > 0, ssum, 1.0)) + m0, NEG_INF)
+
+
+def dense_band_forward_step(alpha, e_t, band, offsets, log_semiring, prune=None):
+    """Band layout: alpha_{t+1}[s] = e_t[s] + (+)_j (alpha_t[s - o_j] + band[j, s])."""
+    terms = [_shift_states(alpha, o) + band[:, j] for j, o in enumerate(offsets)]
+    if prune is not None:
+        amax_t, bmax_next, cut = prune
+        after = e_t + bmax_next
+        terms = [jnp.where(_shift_states(amax_t, o) + band[:, j] + after > cut[:, None], v, NEG_INF)
+                 for (j, o), v in zip(enumerate(offsets), terms)]
+    return e_t + _band_reduce(terms, log_semiring)
+
+
+def dense_band_backward_step(beta_next, e_t, band, offsets, log_semiring, prune=None):
+    """Band layout: beta_t[s] = (+)_j (band[j, s + o_j] + e_t[s + o_j] + beta_{t+1}[s + o_j])."""
+    g = [_shift_states(band[:, j] + e_t + beta_next, -o) for j, o in enumerate(offsets)]
+    if prune is not None:
+        amax_t, bmax_next, cut = prune
+        h = [_shift_states(band[:, j] + e_t + bmax_next, -o) for j, o in enumerate(offsets)]
+        g = [jnp.where(amax_t + hj > cut[:, None], gj, NEG_INF) for gj, hj in zip(g, h)]
+    return _band_reduce(g, log_semiring)
+
+
+def dense_labelled_forward_step(alpha, e_t, lay, S, K, log_semiring, prune=None):
+    """State-labelled graphs: alpha_t [B, S] -> alpha_{t+1} = e_t + (+)_{arcs} (alpha_t[src] + score)."""
+    vals = _take(alpha, lay.other) + lay.score
+    if prune is not None:
+        amax_t, bmax_next, cut = prune
+        fb = _take(amax_t, lay.other) + lay.score + _group_take(e_t + bmax_next, lay, K)
+        vals = jnp.where(fb > cut[:, None], vals, NEG_INF)
+    return e_t + _reduce(vals, lay, S, K, log_semiring)
+
+
+def dense_labelled_backward_step(beta_next, e_t, lay, S, K, log_semiring, prune=None):
+    """State-labelled graphs: beta_{t+1} [B, S] -> beta_t = (+)_{arcs} (score + e_t[dst] + beta_{t+1}[dst])."""
+    vals = _take(e_t + beta_next, lay.other) + lay.score
+    if prune is not None:
+        amax_t, bmax_next, cut = prune
+        fb = _group_take(amax_t, lay, K) + lay.score + _take(e_t + bmax_next, lay.other)
+        vals = jnp.where(fb > cut[:, None], vals, NEG_INF)
+    return _reduce(vals, lay, S, K, log_semiring)
+
+
+# --------------------------------------------------------------------------------------------
 # loops over frames (batch-major tables, values kept shifted to max 0 per frame)
 # --------------------------------------------------------------------------------------------
 
@@ -335,6 +473,8 @@ class _Cfg(NamedTuple):
     kout: Optional[int]
     beam: float
     dtype: object
+    labelled: bool = False   # state-labelled graph: frame weights per state (see `state_emissions`)
+    band: Optional[tuple] = None   # labelled graphs with few dst - src offsets: those offsets
 
 
 def _frame(lp, t):
@@ -370,22 +510,49 @@ def _prune_at(prune, t):
             lax.dynamic_index_in_dim(bmax_next, t, axis=1, keepdims=False), cut)
 
 
-def _forward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring, prune=None, true_values=False):
+def _num_frames(cfg: _Cfg, x):
+    """T from the loops' input: log-probs [B, T, C], or state emissions [B, T+1, S] (labelled)."""
+    return x.shape[1] - 1 if cfg.labelled else x.shape[1]
+
+
+def _forward_step(cfg: _Cfg, G: _Graph, x, dur, log_semiring, prune, alpha, t):
+    if cfg.band is not None:
+        return dense_band_forward_step(alpha, _frame(x, t), G.band, cfg.band, log_semiring,
+                                       _prune_at(prune, t))
+    if cfg.labelled:
+        return dense_labelled_forward_step(alpha, _frame(x, t), G.fwd, cfg.S, cfg.kin, log_semiring,
+                                           _prune_at(prune, t))
+    return dense_forward_step(alpha, _frame(x, t), t, dur, G.fwd, cfg.S, cfg.kin, log_semiring,
+                              _prune_at(prune, t))
+
+
+def _backward_step(cfg: _Cfg, G: _Graph, x, dur, log_semiring, prune, beta_next, t):
+    if cfg.band is not None:
+        return dense_band_backward_step(beta_next, _frame(x, t), G.band, cfg.band, log_semiring,
+                                        _prune_at(prune, t))
+    if cfg.labelled:
+        return dense_labelled_backward_step(beta_next, _frame(x, t), G.bwd, cfg.S, cfg.kout,
+                                            log_semiring, _prune_at(prune, t))
+    return dense_backward_step(beta_next, _frame(x, t), t, dur, G.bwd, cfg.S, cfg.kout, log_semiring,
+                               _prune_at(prune, t))
+
+
+def _forward_loop(cfg: _Cfg, G: _Graph, x, dur, log_semiring, prune=None, true_values=False):
     """Forward scores alpha_0..alpha_T of every segment.
 
-    lp [B, T, C]. Returns (tot [B], alphas [B, T+1, S]): each frame's row shifted to max 0 (what
-    the posteriors need; keeps float32's precision), or with `true_values` the scores themselves
-    (the running offsets added back; for the Viterbi pruning tables)."""
+    x: log-probs [B, T, C], or the state emissions [B, T+1, S] of a labelled graph.  Returns
+    (tot [B], alphas [B, T+1, S]): each frame's row shifted to max 0 (what the posteriors need;
+    keeps float32's precision), or with `true_values` the scores themselves (the running offsets
+    added back; for the Viterbi pruning tables)."""
     S, dtype = cfg.S, cfg.dtype
-    B, T = lp.shape[0], lp.shape[1]
+    B, T = x.shape[0], _num_frames(cfg, x)
     ns = G.num_states
     final = jnp.maximum(ns - 1, 0)
 
     def body(t, carry):
         alpha, cum, tot, alphas = carry
         alphas = _put(alphas, t, alpha + cum[:, None] if true_values else alpha)
-        nxt = dense_forward_step(alpha, _frame(lp, t), t, dur, G.fwd, S, cfg.kin, log_semiring,
-                                 _prune_at(prune, t))
+        nxt = _forward_step(cfg, G, x, dur, log_semiring, prune, alpha, t)
         fin = jnp.take_along_axis(nxt, final[:, None], axis=1)[:, 0]
         tot = jnp.where((t == dur) & (ns > 0), cum + fin, tot)
         nxt, off = _shift_max(nxt)
@@ -397,10 +564,11 @@ def _forward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring, prune=None, true_
     return tot, alphas
 
 
-def _backward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring):
-    """Backward scores beta_{t+1} for t = 0..T (no pruning): [B, T+1, S], true values."""
+def _backward_loop(cfg: _Cfg, G: _Graph, x, dur, log_semiring, prune=None, true_values=True):
+    """Backward scores beta_{t+1} for t = 0..T: [B, T+1, S] (x as in `_forward_loop`); true values,
+    or each frame's row shifted to max 0 (`true_values=False`)."""
     S, dtype = cfg.S, cfg.dtype
-    B, T = lp.shape[0], lp.shape[1]
+    B, T = x.shape[0], _num_frames(cfg, x)
     fvec = _final_vec(G.num_states, S, dtype)
 
     def body(i, carry):
@@ -409,8 +577,8 @@ def _backward_loop(cfg: _Cfg, G: _Graph, lp, dur, log_semiring):
         at_end = (t == dur)[:, None]
         beta_next = jnp.where(at_end, fvec, beta)
         cum = jnp.where(at_end[:, 0], 0.0, cum)
-        out = _put(out, t, beta_next + cum[:, None])
-        b = dense_backward_step(beta_next, _frame(lp, t), t, dur, G.bwd, S, cfg.kout, log_semiring)
+        out = _put(out, t, beta_next + cum[:, None] if true_values else beta_next)
+        b = _backward_step(cfg, G, x, dur, log_semiring, prune, beta_next, t)
         b, off = _shift_max(b)
         return b, cum + off, out
 
@@ -470,20 +638,32 @@ def _dense_tot(cfg: _Cfg, arcs, lp, dur):
 
 
 def _graph(cfg, arcs):
-    return _make_graph(arcs, cfg.S, cfg.kin, cfg.kout, cfg.dtype)
+    G = _make_graph(arcs, cfg.S, cfg.kin, cfg.kout, cfg.dtype)
+    if cfg.band is not None:
+        G = G._replace(band=_band_scores(arcs, cfg.band, cfg.S, cfg.dtype))
+    return G
+
+
+def _loop_input(cfg: _Cfg, G: _Graph, lp, dur):
+    """What the frame loops read: log-probs [B, T, C], or for a labelled graph its state
+    emissions [B, T+1, S] (`state_emissions`)."""
+    if cfg.labelled:
+        return state_emissions(_state_labels(G.fwd, cfg.S, cfg.kin), lp, dur)
+    return lp
 
 
 def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
     G = _graph(cfg, arcs)
-    lpc = lp.astype(cfg.dtype)
-    prune = _prune_info(cfg, G, lpc, dur)
-    tot, alphas = _forward_loop(cfg, G, lpc, dur, True, prune)
+    x = _loop_input(cfg, G, lp.astype(cfg.dtype), dur)
+    prune = _prune_info(cfg, G, x, dur)
+    tot, alphas = _forward_loop(cfg, G, x, dur, True, prune)
     return tot, (arcs, lp, dur, alphas, tot, prune)
 
 
 def _dense_tot_bwd(cfg: _Cfg, res, g):
     arcs, lp, dur, alphas, tot, prune = res
-    glp, gscore = _dense_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g)
+    grads = _labelled_tot_grads if cfg.labelled else _dense_tot_grads
+    glp, gscore = grads(cfg, arcs, lp, dur, alphas, tot, prune, g)
     z = jax.tree.map(lambda x: None, arcs._replace(score=None))
     return z._replace(score=gscore), glp, None
 
@@ -492,13 +672,60 @@ def _dense_tot_bwd(cfg: _Cfg, res, g):
 def _dense_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
     G = _graph(cfg, arcs)
     glp, acc = _grad_loop(cfg, G, lp.astype(cfg.dtype), dur, alphas, tot, g, prune)
-    glp = glp.astype(lp.dtype)
+    return glp.astype(lp.dtype), _arc_grads(cfg, arcs, G.bwd, acc)
+
+
+def _arc_grads(cfg, arcs, lay: _Layout, acc):
+    """[B, X] values of `lay`'s slots -> [B, A] per arc (in the graph's dtype)."""
     B, A = arcs.src.shape
-    lay = G.bwd
     idx = jnp.where(lay.arc >= 0, lay.arc, A)
     b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], idx.shape)
     gscore = jnp.zeros((B, A), cfg.dtype).at[b_idx, idx].add(acc, mode="drop")
-    return glp, gscore.astype(arcs.score.dtype)
+    return gscore.astype(arcs.score.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _labelled_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
+    """Gradients for a state-labelled graph: one backward loop for beta, then
+    d tot / d lp[t, c] = sum over states s labelled c of the occupancy of (t+1, s), and
+    d tot / d score = the arc posteriors summed over frames (a separate loop, dropped by XLA when
+    the graph scores need no gradient)."""
+    S, dtype = cfg.S, cfg.dtype
+    B, T, C = lp.shape
+    G = _graph(cfg, arcs)
+    lab = _state_labels(G.fwd, S, cfg.kin)
+    e = state_emissions(lab, lp.astype(dtype), dur)
+    bnext = _backward_loop(cfg, G, e, dur, True, prune, true_values=False)     # [B, T+1, S]
+    scale = jnp.where(jnp.isfinite(tot), g.astype(dtype), 0.0)
+    # occupancy of the states entered on frame t < dur (each frame's rows carry any offset:
+    # normalising over the states, through which every path passes once, removes it)
+    x = alphas[:, 1:] + bnext[:, :T]                                           # [B, T, S]
+    m = jnp.max(x, axis=-1, keepdims=True)
+    occ = jnp.exp(x - jnp.where(jnp.isfinite(m), m, 0.0))
+    z = jnp.sum(occ, axis=-1, keepdims=True)
+    live = (jnp.arange(T)[None, :, None] < dur[:, None, None]) & (z > 0) & (lab[:, None, :] >= 0)
+    occ = jnp.where(live, occ * (scale[:, None, None] / jnp.where(z > 0, z, 1.0)), 0.0)
+    ids = jnp.clip(lab, 0, C - 1)
+    glp = jnp.zeros((B, T, C), dtype).at[jnp.arange(B)[:, None], :, ids].add(
+        jnp.transpose(occ, (0, 2, 1)), mode="promise_in_bounds")
+
+    lay = G.fwd
+
+    def arc_post(t, acc):
+        e_t, a_t = _frame(e, t), lax.dynamic_index_in_dim(alphas, t, axis=1, keepdims=False)
+        b_t = lax.dynamic_index_in_dim(bnext, t, axis=1, keepdims=False)
+        v = _take(a_t, lay.other) + lay.score + _group_take(e_t + b_t, lay, cfg.kin)
+        if prune is not None:
+            amax_t, bmax_next, cut = _prune_at(prune, t)
+            fb = _take(amax_t, lay.other) + lay.score + _group_take(e_t + bmax_next, lay, cfg.kin)
+            v = jnp.where(fb > cut[:, None], v, NEG_INF)
+        vmax = jnp.max(v, axis=-1, keepdims=True)
+        p = jnp.exp(v - jnp.where(jnp.isfinite(vmax), vmax, 0.0))
+        zt = jnp.sum(p, axis=-1, keepdims=True)
+        return acc + p * jnp.where(zt > 0, scale[:, None] / jnp.where(zt > 0, zt, 1.0), 0.0)
+
+    acc = lax.fori_loop(0, T + 1, arc_post, jnp.zeros(lay.score.shape, dtype))
+    return glp.astype(lp.dtype), _arc_grads(cfg, arcs, lay, acc)
 
 
 _dense_tot.defvjp(_dense_tot_fwd, _dense_tot_bwd)
@@ -512,6 +739,28 @@ def _dense_tot_jit(cfg, arcs, lp, dur):
 # --------------------------------------------------------------------------------------------
 # public entry points
 # --------------------------------------------------------------------------------------------
+
+
+def is_state_labelled(arcs, S: int) -> bool:
+    """Whether all arcs into each state carry one label (host-side; False for traced structure).
+
+    Such graphs (CTC graphs and topologies, HMM-like graphs) take the labelled path of the loss:
+    frame weights gathered per state once, no per-arc log-prob gathers or scatters per frame."""
+    if is_traced(arcs.dst, arcs.label, arcs.num_arcs):
+        return False
+    valid = np.asarray(valid_arcs(arcs))
+    if not valid.any():
+        return False
+    B = valid.shape[0]
+    b_idx = np.broadcast_to(np.arange(B)[:, None], valid.shape)[valid].astype(np.int64)
+    key = b_idx * S + np.clip(np.asarray(arcs.dst)[valid], 0, S - 1)
+    lab = np.asarray(arcs.label)[valid].astype(np.int64)
+    lo = np.full(B * S, np.iinfo(np.int64).max)
+    hi = np.full(B * S, np.iinfo(np.int64).min)
+    np.minimum.at(lo, key, lab)
+    np.maximum.at(hi, key, lab)
+    seen = hi >= lo
+    return bool(np.all(lo[seen] == hi[seen]))
 
 
 _TABLE_PADDING = 4   # table layout only while S * K <= this many times the number of arcs
@@ -581,6 +830,8 @@ def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
     ``a_fsas.score`` with an analytic backward pass.  ``-inf`` (gradient 0) where no path fits.
     """
     cfg, arcs, lp, dur = _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores)
+    labelled = is_state_labelled(arcs, cfg.S)
+    cfg = cfg._replace(labelled=labelled, band=band_offsets(arcs, cfg.S) if labelled else None)
     return _dense_tot_jit(cfg, arcs, lp, dur)
 
 

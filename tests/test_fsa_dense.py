@@ -1,6 +1,7 @@
 """fsa_ops.dense / graph_ctc / pruned against brute force (graph paths x frames), optax and jasr.ctc_loss."""
 import functools
 import math
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +124,75 @@ def test_dense_tot_scores_and_grads_match_enumeration(graph, dense, beam):
         _close(g_sc[b, :na], r_gsc, 2e-4)
         assert np.all(np.asarray(g_sc[b, na:]) == 0)
     _close(g_lp, ref_glp, 2e-4)
+
+
+def _label_by_state(graph, state_labels):
+    """Every arc into state s gets label state_labels[b][s] (arcs into the final state keep -1)."""
+    lab, dst = np.asarray(graph.label), np.asarray(graph.dst)
+    per_state = np.asarray(state_labels, np.int32).reshape(B, S_PAD)
+    new = np.where(lab < 0, lab, np.take_along_axis(per_state, np.clip(dst, 0, S_PAD - 1), axis=1))
+    return graph.replace(label=new.astype(np.int32))
+
+
+def _without_parallel_arcs(graph):
+    """The same graphs keeping only the first arc of each (src, dst) pair (band layout applies)."""
+    out = []
+    for b in range(B):
+        g = graph[b]
+        src, dst = np.asarray(g.src), np.asarray(g.dst)
+        _, first = np.unique(src.astype(np.int64) * S_PAD + dst, return_index=True)
+        keep = np.sort(first)
+        out.append(Fsa.from_arcs(src[keep], dst[keep], np.asarray(g.label)[keep], np.asarray(g.score)[keep],
+                                 num_states=int(g.num_states),
+                                 attrs={k: np.asarray(v)[keep] for k, v in g.attrs.items()}))
+    return _pad(out)
+
+
+labelled_graphs = st.tuples(graphs, st.lists(st.integers(0, C - 1), min_size=B * S_PAD, max_size=B * S_PAD),
+                            st.booleans()).map(
+    lambda x: _label_by_state(_without_parallel_arcs(x[0]) if x[2] else x[0], x[1]))
+
+
+@settings(SETTINGS, max_examples=10)
+@given(labelled_graphs, dense_inputs(), st.sampled_from([math.inf, 1.0]))
+def test_state_labelled_paths_match_enumeration(graph, dense, beam):
+    """Graphs whose arcs into a state share one label take the labelled path (state emissions,
+    occupancy gradient), with the band layout where few dst - src offsets occur: both give the
+    brute-force totals and gradients."""
+    import fsa_ops.dense as dense_mod
+    from fsa_ops.scores import fsa_arrays
+    lp, segs = dense
+    arcs, S, _ = fsa_arrays(graph.to_jax())
+    assert dense_mod.is_state_labelled(arcs, S)
+    refs = [_brute(graph[b], lp, segs[b], beam) for b in range(B)]
+    for max_band in (0, 2 * S_PAD):      # 0: labelled degree tables; else band when no parallel arcs
+        with mock.patch.object(dense_mod, "_MAX_BAND", max_band):
+            pairs = {(b, int(u), int(v)) for b in range(B)
+                     for u, v in zip(np.asarray(graph.src[b, :int(graph.num_arcs[b])]),
+                                     np.asarray(graph.dst[b, :int(graph.num_arcs[b])]))}
+            parallel = len(pairs) < int(np.sum(graph.num_arcs))
+            assert (dense_mod.band_offsets(arcs, S) is None) == (max_band == 0 or parallel)
+            tot, g_lp, g_sc = _tot_and_grads(graph, lp, segs, beam)
+        ref_glp = np.zeros(lp.shape)
+        for b, (r_tot, _, r_glp, r_gsc, _) in enumerate(refs):
+            _close(tot[b], r_tot)
+            ref_glp += r_glp
+            na = int(graph.num_arcs[b])
+            _close(g_sc[b, :na], r_gsc, 2e-4)
+            assert np.all(np.asarray(g_sc[b, na:]) == 0)
+        _close(g_lp, ref_glp, 2e-4)
+
+
+def test_band_layout_is_taken_for_ctc_graphs_and_refused_for_parallel_arcs():
+    import fsa_ops.dense as dense_mod
+    from fsa_ops.scores import fsa_arrays
+    arcs, S, _ = fsa_arrays(ctc_graph([[1, 2, 2], [3]]))
+    assert dense_mod.is_state_labelled(arcs, S) and dense_mod.band_offsets(arcs, S) == (0, 1, 2)
+    twin = Fsa.from_str("0 1 1 0.5\n0 1 1 -0.5\n1 2 -1 0\n2")
+    arcs, S, _ = fsa_arrays(twin)
+    assert dense_mod.is_state_labelled(arcs, S) and dense_mod.band_offsets(arcs, S) is None
+    arcs, S, _ = fsa_arrays(ctc_topo(3))
+    assert dense_mod.is_state_labelled(arcs, S)
 
 
 @settings(SETTINGS, max_examples=8)
