@@ -586,6 +586,57 @@ def _backward_loop(cfg: _Cfg, G: _Graph, x, dur, log_semiring, prune=None, true_
     return lax.fori_loop(0, T + 1, body, init)[2]
 
 
+def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
+    """Exact (log-semiring, no pruning) forward and backward scores of a band-layout graph in ONE
+    loop over frames, on a [2B, S] array: rows 0..B-1 run alpha over frames 0..T, rows B..2B-1 run
+    ``g_t = e_t + beta_{t+1}`` over frames T..0 with their states reversed, so that both take
+    ``new = e + (+)_j (shift(x, o_j) + band_j)`` (the backward band holds the arc s -> s + o_j at
+    s, reversed).  Halves the serial steps of two loops.
+
+    e [B, T+1, S] (`state_emissions`).  Returns (tot [B], alphas [B, T+1, S], bnext [B, T+1, S]) in
+    the conventions of `_forward_loop` / `_backward_loop(true_values=False)` (rows shifted by any
+    per-frame offset)."""
+    S, dtype, offsets = cfg.S, cfg.dtype, cfg.band
+    B, T = e.shape[0], e.shape[1] - 1
+    ns = G.num_states
+    final = jnp.maximum(ns - 1, 0)
+    fvec = _final_vec(ns, S, dtype)
+    back = jnp.stack([_shift_states(G.band[:, j], -o) for j, o in enumerate(offsets)], axis=1)
+    band = jnp.concatenate([G.band, back[..., ::-1]], axis=0)                  # [2B, D, S]
+    e_rev = e[..., ::-1]
+    start = jnp.concatenate([_start_vec(ns, S, dtype), jnp.full((B, S), NEG_INF, dtype)], axis=0)
+
+    def body(i, carry):
+        x, cum, tot, tab = carry
+        tb = T - i
+        at_end = tb == dur                                   # backward rows start: g_dur
+        g_end = (lax.dynamic_index_in_dim(e, tb, axis=1, keepdims=False) + fvec)[:, ::-1]
+        x = jnp.concatenate([x[:B], jnp.where(at_end[:, None], g_end, x[B:])], axis=0)
+        cum = jnp.concatenate([cum[:B], jnp.where(at_end, 0.0, cum[B:])])
+        inc = _band_reduce([_shift_states(x, o) + band[:, j] for j, o in enumerate(offsets)], True)
+        tab = lax.dynamic_update_index_in_dim(tab, inc, i, axis=0)
+        e_next = jnp.concatenate([lax.dynamic_index_in_dim(e, i, axis=1, keepdims=False),
+                                  lax.dynamic_index_in_dim(e_rev, jnp.maximum(tb - 1, 0), axis=1,
+                                                           keepdims=False)], axis=0)
+        new = inc + e_next
+        fin = jnp.take_along_axis(new[:B], final[:, None], axis=1)[:, 0]
+        tot = jnp.where((i == dur) & (ns > 0), cum[:B] + fin, tot)
+        new, off = _shift_max(new)
+        return new, cum + off, tot, tab
+
+    init = (start, jnp.zeros((2 * B,), dtype), jnp.full((B,), NEG_INF, dtype),
+            jnp.zeros((T + 1, 2 * B, S), dtype))
+    _, _, tot, tab = lax.fori_loop(0, T + 1, body, init)
+    # step i stored alpha_{i+1} - e_i (forward rows) and beta_{T-i} (backward rows, reversed)
+    inc_f = jnp.moveaxis(tab[:, :B], 0, 1)                                   # [B, T+1, S]
+    beta = jnp.moveaxis(tab[::-1, B:, ::-1], 0, 1)                           # beta_t, t = 0..T
+    alphas = jnp.concatenate([_start_vec(ns, S, dtype)[:, None], (inc_f + e)[:, :T]], axis=1)
+    t = jnp.arange(T + 1, dtype=jnp.int32)[None, :, None]
+    bnext = jnp.concatenate([beta[:, 1:], jnp.full((B, 1, S), NEG_INF, dtype)], axis=1)
+    bnext = jnp.where(t == dur[:, None, None], fvec[:, None, :], bnext)
+    return tot, alphas, bnext
+
+
 def _prune_info(cfg: _Cfg, G: _Graph, lp, dur):
     """Viterbi tables for output_beam: (amax [B, T+1, S], bmax_next [B, T+1, S], cut [B])."""
     if not math.isfinite(cfg.beam):
@@ -652,24 +703,33 @@ def _loop_input(cfg: _Cfg, G: _Graph, lp, dur):
     return lp
 
 
+def _fused(cfg: _Cfg) -> bool:
+    """Forward and backward scores in one loop (band layout, exact total)."""
+    return cfg.band is not None and not math.isfinite(cfg.beam)
+
+
 def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
     G = _graph(cfg, arcs)
     x = _loop_input(cfg, G, lp.astype(cfg.dtype), dur)
+    if _fused(cfg):
+        tot, alphas, bnext = _band_fused_loop(cfg, G, x, dur)
+        return tot, (arcs, lp, dur, (alphas, bnext), tot, None)
     prune = _prune_info(cfg, G, x, dur)
     tot, alphas = _forward_loop(cfg, G, x, dur, True, prune)
-    return tot, (arcs, lp, dur, alphas, tot, prune)
+    return tot, (arcs, lp, dur, (alphas,), tot, prune)
 
 
 def _dense_tot_bwd(cfg: _Cfg, res, g):
-    arcs, lp, dur, alphas, tot, prune = res
+    arcs, lp, dur, tables, tot, prune = res
     grads = _labelled_tot_grads if cfg.labelled else _dense_tot_grads
-    glp, gscore = grads(cfg, arcs, lp, dur, alphas, tot, prune, g)
+    glp, gscore = grads(cfg, arcs, lp, dur, tables, tot, prune, g)
     z = jax.tree.map(lambda x: None, arcs._replace(score=None))
     return z._replace(score=gscore), glp, None
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _dense_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
+def _dense_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g):
+    (alphas,) = tables
     G = _graph(cfg, arcs)
     glp, acc = _grad_loop(cfg, G, lp.astype(cfg.dtype), dur, alphas, tot, g, prune)
     return glp.astype(lp.dtype), _arc_grads(cfg, arcs, G.bwd, acc)
@@ -685,8 +745,9 @@ def _arc_grads(cfg, arcs, lay: _Layout, acc):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _labelled_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
-    """Gradients for a state-labelled graph: one backward loop for beta, then
+def _labelled_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g):
+    """Gradients for a state-labelled graph: one backward loop for beta (unless the fused loop
+    gave it: tables = (alphas, bnext)), then
     d tot / d lp[t, c] = sum over states s labelled c of the occupancy of (t+1, s), and
     d tot / d score = the arc posteriors summed over frames (a separate loop, dropped by XLA when
     the graph scores need no gradient)."""
@@ -695,7 +756,11 @@ def _labelled_tot_grads(cfg, arcs, lp, dur, alphas, tot, prune, g):
     G = _graph(cfg, arcs)
     lab = _state_labels(G.fwd, S, cfg.kin)
     e = state_emissions(lab, lp.astype(dtype), dur)
-    bnext = _backward_loop(cfg, G, e, dur, True, prune, true_values=False)     # [B, T+1, S]
+    if len(tables) == 2:
+        alphas, bnext = tables
+    else:
+        (alphas,) = tables
+        bnext = _backward_loop(cfg, G, e, dur, True, prune, true_values=False)     # [B, T+1, S]
     scale = jnp.where(jnp.isfinite(tot), g.astype(dtype), 0.0)
     # occupancy of the states entered on frame t < dur (each frame's rows carry any offset:
     # normalising over the states, through which every path passes once, removes it)
