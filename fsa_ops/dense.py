@@ -19,6 +19,14 @@ shifted to max 0 (offsets kept apart).  Two layouts of the arcs, same results:
 - ``segment`` (graph structure traced): arcs in their own order, the per-state reduction is a
   segment max/sum (scatter).
 
+State-labelled graphs (concrete structure; every arc into a state carries the same label: CTC
+graphs and topologies) skip the per-arc log-prob lookups: the frame weight of entering state s,
+``e_t[s] = log_probs[t, label(s)]``, is gathered once for all frames, the loops reduce only the
+arc scores, and ``d tot / d log_probs`` is the state occupancy scattered onto the labels after the
+loops.  If their arcs also have at most four distinct ``dst - src`` offsets (CTC graphs: 0, 1, 2)
+and no parallel arcs, the steps are shifted state vectors (band layout), and an exact total runs
+forward and backward scores in one loop over ``[2B, S]``, as ``fsa_ops.ctc`` does.
+
 The total score has an analytic ``custom_vjp``: one backward loop computes ``beta_t`` and the arc
 posteriors of each frame, ``exp(alpha_t[src] + w + beta_{t+1}[dst])`` normalised over the frame's
 arcs (every path takes exactly one arc per frame, so they sum to 1): no division by the total
@@ -610,6 +618,7 @@ def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
     back = jnp.stack([_shift_states(G.band[:, j], -o) for j, o in enumerate(offsets)], axis=1)
     band = jnp.moveaxis(jnp.concatenate([G.band, back[..., ::-1]], axis=0), 1, 0)   # [D, 2B, S]
     e_rev = e[..., ::-1]
+
     def restart(x, cum, tb):
         """Backward rows whose segment ends at frame tb start there: g_dur = e_dur + final."""
         at_end = tb == dur
@@ -774,7 +783,7 @@ def _labelled_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g):
     # normalising over the states, through which every path passes once, removes it)
     x = alphas[:, 1:] + bnext[:, :T]                                           # [B, T, S]
     m = jnp.max(x, axis=-1, keepdims=True)
-    occ = jnp.exp(x - jnp.where(jnp.isfinite(m), m, 0.0))
+    occ = _exp_flushed(x - jnp.where(jnp.isfinite(m), m, 0.0))
     z = jnp.sum(occ, axis=-1, keepdims=True)
     live = (jnp.arange(T)[None, :, None] < dur[:, None, None]) & (z > 0) & (lab[:, None, :] >= 0)
     occ = jnp.where(live, occ * (scale[:, None, None] / jnp.where(z > 0, z, 1.0)), 0.0)

@@ -311,21 +311,25 @@ def test_graph_ctc_gradient_keeps_float32_precision_on_long_segments_under_jit()
     np.testing.assert_allclose(g1, g2, atol=2e-5)
 
 
-def test_mixed_layouts_for_a_denominator_like_graph(monkeypatch):
+@pytest.mark.parametrize("labelled", [False, True])
+def test_mixed_layouts_for_a_denominator_like_graph(monkeypatch, labelled):
     """Every state has an arc into the final state: the forward direction's degree table would be
     mostly padding and uses the segment layout, the backward one the table; same numbers as both
-    tables."""
+    tables (also for a state-labelled graph, which takes the labelled path)."""
     import fsa_ops.dense as dense_mod
     rng = np.random.default_rng(3)
     S, C, T = 30, 6, 7
     src = np.concatenate([np.repeat(np.arange(S), 2), np.arange(S)])
     dst = np.concatenate([rng.integers(0, S, size=2 * S), np.full(S, S)])
     lab = np.concatenate([rng.integers(0, C, size=2 * S), np.full(S, -1)])
+    if labelled:
+        lab = np.where(lab < 0, lab, rng.integers(0, C, size=S + 1)[dst])
     graph = Fsa.from_arcs(src, dst, lab, rng.normal(size=src.size).astype(np.float32) * 0.3, num_states=S + 1)
     lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, T, C)).astype(np.float32)))
     segs = np.array([[0, 0, T], [1, 0, T - 2]], np.int32)
-    cfg = dense_mod._prepare(graph, DenseFsaVec(lp, segs), None, math.inf, True)[0]
+    cfg, arcs = dense_mod._prepare(graph, DenseFsaVec(lp, segs), None, math.inf, True)[:2]
     assert cfg.kin is None and cfg.kout is not None
+    assert dense_mod.is_state_labelled(arcs, cfg.S) == labelled
 
     def value_and_grad():
         f = lambda x, s: jnp.sum(dense_tot_scores(graph.replace(score=s), DenseFsaVec(x, segs)))
