@@ -441,8 +441,8 @@ def dense_band_forward_step(alpha, e_t, band, offsets, log_semiring, prune=None)
     if prune is not None:
         amax_t, bmax_next, cut = prune
         after = e_t + bmax_next
-        terms = [jnp.where(_shift_states(amax_t, o) + band[:, j] + after > cut[:, None], v, NEG_INF)
-                 for (j, o), v in zip(enumerate(offsets), terms)]
+        terms = [jnp.where(_shift_states(amax_t, o) + band[:, j] + after > cut[:, None], terms[j], NEG_INF)
+                 for j, o in enumerate(offsets)]
     return e_t + _band_reduce(terms, log_semiring)
 
 
@@ -728,18 +728,21 @@ def _fused(cfg: _Cfg) -> bool:
 def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
     G = _graph(cfg, arcs)
     x = _loop_input(cfg, G, lp.astype(cfg.dtype), dur)
+    e = x if cfg.labelled else None          # the labelled backward reads the emissions again
     if _fused(cfg):
         tot, alphas, bnext = _band_fused_loop(cfg, G, x, dur)
-        return tot, (arcs, lp, dur, (alphas, bnext), tot, None)
+        return tot, (arcs, lp, dur, e, (alphas, bnext), tot, None)
     prune = _prune_info(cfg, G, x, dur)
     tot, alphas = _forward_loop(cfg, G, x, dur, True, prune)
-    return tot, (arcs, lp, dur, (alphas,), tot, prune)
+    return tot, (arcs, lp, dur, e, (alphas,), tot, prune)
 
 
 def _dense_tot_bwd(cfg: _Cfg, res, g):
-    arcs, lp, dur, tables, tot, prune = res
-    grads = _labelled_tot_grads if cfg.labelled else _dense_tot_grads
-    glp, gscore = grads(cfg, arcs, lp, dur, tables, tot, prune, g)
+    arcs, lp, dur, e, tables, tot, prune = res
+    if cfg.labelled:
+        glp, gscore = _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g)
+    else:
+        glp, gscore = _dense_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g)
     z = jax.tree.map(lambda x: None, arcs._replace(score=None))
     return z._replace(score=gscore), glp, None
 
@@ -762,7 +765,7 @@ def _arc_grads(cfg, arcs, lay: _Layout, acc):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _labelled_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g):
+def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g):
     """Gradients for a state-labelled graph: one backward loop for beta (unless the fused loop
     gave it: tables = (alphas, bnext)), then
     d tot / d lp[t, c] = sum over states s labelled c of the occupancy of (t+1, s), and
@@ -772,7 +775,6 @@ def _labelled_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g):
     B, T, C = lp.shape
     G = _graph(cfg, arcs)
     lab = _state_labels(G.fwd, S, cfg.kin)
-    e = state_emissions(lab, lp.astype(dtype), dur)
     if len(tables) == 2:
         alphas, bnext = tables
     else:
