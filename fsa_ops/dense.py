@@ -342,15 +342,15 @@ def dense_backward_post_step(beta_next, lp_t, t, dur, lay, S, K, alpha_t, prune=
 # --------------------------------------------------------------------------------------------
 
 
-def _state_labels(lay: _Layout, S: int, K: Optional[int]):
-    """[B, S] label of the arcs entering each state (forward layout); -2 for states without any."""
-    lab = jnp.where(lay.arc >= 0, lay.label, -2)
-    B = lab.shape[0]
-    if K is not None:
-        return jnp.max(lab.reshape(B, S, K), axis=-1)
-    seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * S + lay.group).reshape(-1)
-    out = jax.ops.segment_max(lab.reshape(-1), seg, num_segments=B * S).reshape(B, S)
-    return jnp.maximum(out, -2)
+def _state_labels(arcs, S: int):
+    """[B, S] label of the arcs entering each state; -2 for states without any.  A scatter-max
+    over the arcs (no arc sort, which XLA:CPU runs slowly: ~1.7 ms for 16 x 500 arcs)."""
+    B, A = arcs.src.shape
+    valid = valid_arcs(arcs)
+    b_idx = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, A))
+    lab = jnp.where(valid, jnp.asarray(arcs.label, jnp.int32), -2)
+    dst = jnp.clip(jnp.asarray(arcs.dst, jnp.int32), 0, S - 1)
+    return jnp.full((B, S), -2, jnp.int32).at[b_idx, dst].max(lab)
 
 
 def state_emissions(state_label, lp, dur):
@@ -425,8 +425,9 @@ def _band_reduce(terms, log_semiring):
     if not log_semiring:
         return m
     m0 = jnp.where(jnp.isfinite(m), m, 0.0)
-    ssum = functools.reduce(jnp.add, [_exp_flushed(v - m0) for v in terms])
-    return jnp.where(ssum > 0, jnp.log(jnp.where(ssum > 0, ssum, 1.0)) + m0, NEG_INF)
+    # the largest term contributes exp(0) = 1, so ssum >= 1 unless all terms are -inf (then
+    # log(0) = -inf, the right answer; the callers' gradients are analytic, no NaN through it)
+    return m0 + jnp.log(functools.reduce(jnp.add, [_exp_flushed(v - m0) for v in terms]))
 
 
 def _exp_flushed(x):
@@ -617,7 +618,6 @@ def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
     fvec = _final_vec(ns, S, dtype)
     back = jnp.stack([_shift_states(G.band[:, j], -o) for j, o in enumerate(offsets)], axis=1)
     band = jnp.moveaxis(jnp.concatenate([G.band, back[..., ::-1]], axis=0), 1, 0)   # [D, 2B, S]
-    e_rev = e[..., ::-1]
 
     def restart(x, cum, tb):
         """Backward rows whose segment ends at frame tb start there: g_dur = e_dur + final."""
@@ -631,8 +631,8 @@ def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
         inc = _band_reduce([_shift_states(x, o) + band[j] for j, o in enumerate(offsets)], True)
         tab = lax.dynamic_update_index_in_dim(tab, inc, i, axis=0)
         e_next = jnp.concatenate([lax.dynamic_index_in_dim(e, i, axis=1, keepdims=False),
-                                  lax.dynamic_index_in_dim(e_rev, jnp.maximum(T - i - 1, 0), axis=1,
-                                                           keepdims=False)], axis=0)
+                                  lax.dynamic_index_in_dim(e, jnp.maximum(T - i - 1, 0), axis=1,
+                                                           keepdims=False)[:, ::-1]], axis=0)
         new = inc + e_next
         fin = jnp.take_along_axis(new[:B], final[:, None], axis=1)[:, 0]
         tot = jnp.where((i == dur) & (ns > 0), cum[:B] + fin, tot)
@@ -712,11 +712,11 @@ def _graph(cfg, arcs):
     return G
 
 
-def _loop_input(cfg: _Cfg, G: _Graph, lp, dur):
+def _loop_input(cfg: _Cfg, arcs, lp, dur):
     """What the frame loops read: log-probs [B, T, C], or for a labelled graph its state
     emissions [B, T+1, S] (`state_emissions`)."""
     if cfg.labelled:
-        return state_emissions(_state_labels(G.fwd, cfg.S, cfg.kin), lp, dur)
+        return state_emissions(_state_labels(arcs, cfg.S), lp, dur)
     return lp
 
 
@@ -727,7 +727,7 @@ def _fused(cfg: _Cfg) -> bool:
 
 def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
     G = _graph(cfg, arcs)
-    x = _loop_input(cfg, G, lp.astype(cfg.dtype), dur)
+    x = _loop_input(cfg, arcs, lp.astype(cfg.dtype), dur)
     e = x if cfg.labelled else None          # the labelled backward reads the emissions again
     if _fused(cfg):
         tot, alphas, bnext = _band_fused_loop(cfg, G, x, dur)
@@ -774,7 +774,7 @@ def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g):
     S, dtype = cfg.S, cfg.dtype
     B, T, C = lp.shape
     G = _graph(cfg, arcs)
-    lab = _state_labels(G.fwd, S, cfg.kin)
+    lab = _state_labels(arcs, S)
     if len(tables) == 2:
         alphas, bnext = tables
     else:
