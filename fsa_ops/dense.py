@@ -701,8 +701,8 @@ def _grad_loop(cfg: _Cfg, G: _Graph, lp, dur, alphas, tot, g, prune):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _dense_tot(cfg: _Cfg, arcs, lp, dur):
-    return _dense_tot_fwd(cfg, arcs, lp, dur)[0]
+def _dense_tot(cfg: _Cfg, arcs, lp, dur, plan=None):
+    return _dense_tot_fwd(cfg, arcs, lp, dur, plan)[0]
 
 
 def _graph(cfg, arcs):
@@ -725,26 +725,26 @@ def _fused(cfg: _Cfg) -> bool:
     return cfg.band is not None and not math.isfinite(cfg.beam)
 
 
-def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur):
+def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur, plan=None):
     G = _graph(cfg, arcs)
     x = _loop_input(cfg, arcs, lp.astype(cfg.dtype), dur)
     e = x if cfg.labelled else None          # the labelled backward reads the emissions again
     if _fused(cfg):
         tot, alphas, bnext = _band_fused_loop(cfg, G, x, dur)
-        return tot, (arcs, lp, dur, e, (alphas, bnext), tot, None)
+        return tot, (arcs, lp, dur, e, (alphas, bnext), tot, None, plan)
     prune = _prune_info(cfg, G, x, dur)
     tot, alphas = _forward_loop(cfg, G, x, dur, True, prune)
-    return tot, (arcs, lp, dur, e, (alphas,), tot, prune)
+    return tot, (arcs, lp, dur, e, (alphas,), tot, prune, plan)
 
 
 def _dense_tot_bwd(cfg: _Cfg, res, g):
-    arcs, lp, dur, e, tables, tot, prune = res
+    arcs, lp, dur, e, tables, tot, prune, plan = res
     if cfg.labelled:
-        glp, gscore = _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g)
+        glp, gscore = _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g, plan)
     else:
         glp, gscore = _dense_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g)
     z = jax.tree.map(lambda x: None, arcs._replace(score=None))
-    return z._replace(score=gscore), glp, None
+    return z._replace(score=gscore), glp, None, jax.tree.map(lambda x: None, plan)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -765,12 +765,13 @@ def _arc_grads(cfg, arcs, lay: _Layout, acc):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g):
+def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g, plan=None):
     """Gradients for a state-labelled graph: one backward loop for beta (unless the fused loop
     gave it: tables = (alphas, bnext)), then
     d tot / d lp[t, c] = sum over states s labelled c of the occupancy of (t+1, s), and
     d tot / d score = the arc posteriors summed over frames (a separate loop, dropped by XLA when
-    the graph scores need no gradient)."""
+    the graph scores need no gradient).  With a `label_gather_plan`, d tot / d lp is built by
+    gathers (which XLA fuses into whatever consumes it) instead of a scatter into zeros."""
     S, dtype = cfg.S, cfg.dtype
     B, T, C = lp.shape
     G = _graph(cfg, arcs)
@@ -789,9 +790,18 @@ def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g):
     z = jnp.sum(occ, axis=-1, keepdims=True)
     live = (jnp.arange(T)[None, :, None] < dur[:, None, None]) & (z > 0) & (lab[:, None, :] >= 0)
     occ = jnp.where(live, occ * (scale[:, None, None] / jnp.where(z > 0, z, 1.0)), 0.0)
-    ids = jnp.clip(lab, 0, C - 1)
-    glp = jnp.zeros((B, T, C), dtype).at[jnp.arange(B)[:, None], :, ids].add(
-        jnp.transpose(occ, (0, 2, 1)), mode="promise_in_bounds")
+    if plan is None:
+        ids = jnp.clip(lab, 0, C - 1)
+        glp = jnp.zeros((B, T, C), dtype).at[jnp.arange(B)[:, None], :, ids].add(
+            jnp.transpose(occ, (0, 2, 1)), mode="promise_in_bounds")
+    else:
+        major, inv = plan
+        occ_major = jnp.sum(jnp.where((lab == major[:, None])[:, None, :], occ, 0.0), axis=-1)   # [B, T]
+        glp = jnp.where(jnp.arange(C)[None, None, :] == major[:, None, None], occ_major[..., None], 0.0)
+        occ_pad = jnp.concatenate([occ, jnp.zeros((B, T, 1), dtype)], axis=2)    # column S: 0
+        for r in range(inv.shape[2]):
+            idx = jnp.broadcast_to(inv[:, None, :, r], (B, T, C))
+            glp = glp + jnp.take_along_axis(occ_pad, idx, axis=2, mode="promise_in_bounds")
 
     lay = G.fwd
 
@@ -816,8 +826,8 @@ _dense_tot.defvjp(_dense_tot_fwd, _dense_tot_bwd)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _dense_tot_jit(cfg, arcs, lp, dur):
-    return _dense_tot(cfg, arcs, lp, dur)
+def _dense_tot_jit(cfg, arcs, lp, dur, plan=None):
+    return _dense_tot(cfg, arcs, lp, dur, plan)
 
 
 # --------------------------------------------------------------------------------------------
@@ -845,6 +855,49 @@ def is_state_labelled(arcs, S: int) -> bool:
     np.maximum.at(hi, key, lab)
     seen = hi >= lo
     return bool(np.all(lo[seen] == hi[seen]))
+
+
+# d tot / d lp of a labelled graph by gathers while no label other than each graph's most common
+# one (the blank of a CTC graph) labels more than this many states of the graph; else a scatter.
+_MAX_GATHER = 4
+
+
+def label_gather_plan(arcs, S: int, C: int):
+    """Host-side: how d tot / d log_probs of a state-labelled graph is read off the state
+    occupancies occ [B, T, S] without a scatter:
+    ``glp[b, t, c] = [c == major[b]] * sum_{s: label(s) = major[b]} occ[b, t, s]
+    + sum_r occ[b, t, inv[b, c, r]]`` (occ extended by a zero column S).
+
+    Returns (major int32 [B], the most common state label of each graph; inv int32 [B, C, R], the
+    other states labelled c, S-padded), or None when the structure is traced or some label other
+    than major labels more than `_MAX_GATHER` states of a graph."""
+    if is_traced(arcs.dst, arcs.label, arcs.num_arcs):
+        return None
+    valid = np.asarray(valid_arcs(arcs))
+    B = valid.shape[0]
+    b_idx = np.broadcast_to(np.arange(B)[:, None], valid.shape)[valid]
+    lab = np.full((B, S), -2, np.int64)
+    np.maximum.at(lab, (b_idx, np.clip(np.asarray(arcs.dst)[valid], 0, S - 1)),
+                  np.asarray(arcs.label)[valid].astype(np.int64))
+    labelled = lab >= 0
+    counts = np.zeros((B, C), np.int64)
+    rows = np.broadcast_to(np.arange(B)[:, None], lab.shape)
+    np.add.at(counts, (rows[labelled], lab[labelled]), 1)
+    major = np.argmax(counts, axis=1)
+    other = labelled & (lab != major[:, None])
+    b_o, s_o = np.nonzero(other)                      # row-major: by graph, then state
+    c_o = lab[b_o, s_o]
+    order = np.lexsort((s_o, c_o, b_o))
+    b_o, s_o, c_o = b_o[order], s_o[order], c_o[order]
+    key = b_o * C + c_o
+    first = np.searchsorted(key, key, side="left")
+    rank = np.arange(len(key)) - first
+    R = int(rank.max()) + 1 if len(rank) else 0
+    if R > _MAX_GATHER:
+        return None
+    inv = np.full((B, C, R), S, np.int32)
+    inv[b_o, c_o, rank] = s_o
+    return jnp.asarray(major, jnp.int32), jnp.asarray(inv)
 
 
 _TABLE_PADDING = 4   # table layout only while S * K <= this many times the number of arcs
@@ -916,7 +969,8 @@ def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
     cfg, arcs, lp, dur = _prepare(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores)
     labelled = is_state_labelled(arcs, cfg.S)
     cfg = cfg._replace(labelled=labelled, band=band_offsets(arcs, cfg.S) if labelled else None)
-    return _dense_tot_jit(cfg, arcs, lp, dur)
+    plan = label_gather_plan(arcs, cfg.S, lp.shape[2]) if labelled else None
+    return _dense_tot_jit(cfg, arcs, lp, dur, plan)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))

@@ -170,13 +170,17 @@ def test_state_labelled_paths_match_enumeration(graph, dense, beam):
     arcs, S, _ = fsa_arrays(graph.to_jax())
     assert dense_mod.is_state_labelled(arcs, S)
     refs = [_brute(graph[b], lp, segs[b], beam) for b in range(B)]
-    for max_band in (0, 2 * S_PAD):      # 0: labelled degree tables; else band when no parallel arcs
-        with mock.patch.object(dense_mod, "_MAX_BAND", max_band):
+    # max_band 0: labelled degree tables; else the band layout when there are no parallel arcs.
+    # max_gather -1: d/d(log-probs) by a scatter; else by gathers (label_gather_plan).
+    for max_band, max_gather in ((0, -1), (2 * S_PAD, S_PAD)):
+        with mock.patch.object(dense_mod, "_MAX_BAND", max_band), \
+                mock.patch.object(dense_mod, "_MAX_GATHER", max_gather):
             pairs = {(b, int(u), int(v)) for b in range(B)
                      for u, v in zip(np.asarray(graph.src[b, :int(graph.num_arcs[b])]),
                                      np.asarray(graph.dst[b, :int(graph.num_arcs[b])]))}
             parallel = len(pairs) < int(np.sum(graph.num_arcs))
             assert (dense_mod.band_offsets(arcs, S) is None) == (max_band == 0 or parallel)
+            assert (dense_mod.label_gather_plan(arcs, S, lp.shape[2]) is None) == (max_gather < 0)
             tot, g_lp, g_sc = _tot_and_grads(graph, lp, segs, beam)
         _assert_matches_brute(graph, lp, refs, tot, g_lp, g_sc)
 
