@@ -334,6 +334,9 @@ def test_frame_blocks_give_the_same_result(method):
         ref_total = sum(torch_ctc(logits[b:b + 1, fp[b] == 0], [(fp[b] == 0).sum()], labels[b:b + 1],
                                   [int((lpad[b] == 0).sum())])[0][0] for b in range(B))
         np.testing.assert_allclose(float(total), ref_total, rtol=1e-5)
+        # without a gradient the loss runs the loop that stores no tables (`_total_only_loop`)
+        forward_only = jax.jit(lambda x: jnp.sum(ctc_nll(x, fp, labels, lpad, method=method, block=block)))
+        np.testing.assert_allclose(float(forward_only(jnp.asarray(logits))), ref_total, rtol=1e-5)
     with pytest.raises(ValueError, match="block"):
         ctc_nll(jnp.asarray(logits), fp, labels, lpad, block=0)
 
