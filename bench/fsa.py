@@ -87,10 +87,14 @@ Notes:
   per-state log-probs once, runs no per-arc gathers or scatters in the frame loop, and takes
   d/d(log-probs) from the state occupancies after the loop; their arcs have only three dst - src
   offsets (0, 1, 2), so the steps are shifted state vectors (band layout), and with an exact
-  total the forward and backward scores share one loop, as in the dedicated recursion. What is
-  left is the O(B*T*C) work around the loss (the log_softmax, the scatter of the occupancies onto
-  the labels) and a per-frame step that XLA:CPU does not fuse as tightly. Graphs that are not
-  state-labelled (the denominator below) take the per-arc path (degree tables or segments).
+  total the forward and backward scores share one loop, as in the dedicated recursion.
+  d/d(log-probs) is read off the occupancies by gathers planned on the host
+  (`label_gather_plan`: the blank's states summed, each other label's few states gathered), which
+  XLA fuses into the log_softmax's backward pass instead of scattering into a zero [B, T, C] buffer.
+  The row "log-probs given" shows what the explicit `log_softmax` (k2's usage) costs on top: its
+  forward and backward are O(B*T*C) passes that `jasr.ctc_loss`, which takes logits, fuses into
+  its own. Graphs that are not state-labelled (the denominator below) take the per-arc path
+  (degree tables or segments).
 - k2's default `output_beam=10` adds a Viterbi forward and backward pass and separate forward
   and backward loops (the prune masks); `output_beam=inf` gives the exact total (what a CTC
   training loss wants).
@@ -138,6 +142,11 @@ def main():
 
     ctc_rows = [(f"graph ctc_loss (ctc_graph, output_beam={beam})", graph_loss_fn(graphs, beam))
                 for beam in (math.inf, 10.0)]
+
+    def graph_on_scores(x):      # the same call without the log_softmax (x taken as the log-probs)
+        return ctc_loss(graphs, DenseFsaVec(x, segs), output_beam=math.inf, reduction="sum")
+    ctc_rows.append(("graph ctc_loss (ctc_graph, output_beam=inf), log-probs given: no log_softmax in the call",
+                     jax.jit(jax.value_and_grad(graph_on_scores))))
     try:
         from fsa_ops.ctc import ctc_nll, default_method
 
