@@ -765,13 +765,13 @@ def _arc_grads(cfg, arcs, lay: _Layout, acc):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g, plan=None):
+def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g, plan):
     """Gradients for a state-labelled graph: one backward loop for beta (unless the fused loop
     gave it: tables = (alphas, bnext)), then
     d tot / d lp[t, c] = sum over states s labelled c of the occupancy of (t+1, s), and
     d tot / d score = the arc posteriors summed over frames (a separate loop, dropped by XLA when
-    the graph scores need no gradient).  With a `label_gather_plan`, d tot / d lp is built by
-    gathers (which XLA fuses into whatever consumes it) instead of a scatter into zeros."""
+    the graph scores need no gradient).  d tot / d lp is read off the occupancies by the gathers
+    of `label_gather_plan` (which XLA fuses into whatever consumes it), not scattered into zeros."""
     S, dtype = cfg.S, cfg.dtype
     B, T, C = lp.shape
     G = _graph(cfg, arcs)
@@ -790,19 +790,15 @@ def _labelled_tot_grads(cfg, arcs, lp, dur, e, tables, tot, prune, g, plan=None)
     z = jnp.sum(occ, axis=-1, keepdims=True)
     live = (jnp.arange(T)[None, :, None] < dur[:, None, None]) & (z > 0) & (lab[:, None, :] >= 0)
     occ = jnp.where(live, occ * (scale[:, None, None] / jnp.where(z > 0, z, 1.0)), 0.0)
-    if plan is None:
-        ids = jnp.clip(lab, 0, C - 1)
-        glp = jnp.zeros((B, T, C), dtype).at[jnp.arange(B)[:, None], :, ids].add(
-            jnp.transpose(occ, (0, 2, 1)), mode="promise_in_bounds")
-    else:
-        major, inv = plan
-        occ_major = jnp.sum(jnp.where((lab == major[:, None])[:, None, :], occ, 0.0), axis=-1)   # [B, T]
-        glp = jnp.where(jnp.arange(C)[None, None, :] == major[:, None, None], occ_major[..., None], 0.0)
-        occ_pad = jnp.concatenate([occ, jnp.zeros((B, T, 1), dtype)], axis=2)    # column S: 0
-        for r in range(inv.shape[2]):
-            idx = jnp.broadcast_to(inv[:, None, :, r], (B, T, C))
-            glp = glp + jnp.take_along_axis(occ_pad, idx, axis=2, mode="promise_in_bounds")
-
+    major, first, fold_src, fold_dst = plan
+    occ_major = jnp.sum(jnp.where((lab == major[:, None])[:, None, :], occ, 0.0), axis=-1)       # [B, T]
+    occ = jnp.concatenate([occ, jnp.zeros((B, T, 1), dtype)], axis=2)            # column S: 0
+    b_idx = jnp.arange(B)[:, None]
+    occ = occ.at[b_idx, :, fold_dst].add(jnp.take_along_axis(occ, fold_src[:, None, :], axis=2).transpose(0, 2, 1),
+                                         mode="promise_in_bounds")       # padding adds column S to itself: 0
+    glp = jnp.where(jnp.arange(C)[None, None, :] == major[:, None, None], occ_major[..., None],
+                    jnp.take_along_axis(occ, jnp.broadcast_to(first[:, None, :], (B, T, C)), axis=2,
+                                        mode="promise_in_bounds"))
     lay = G.fwd
 
     def arc_post(t, acc):
@@ -857,20 +853,19 @@ def is_state_labelled(arcs, S: int) -> bool:
     return bool(np.all(lo[seen] == hi[seen]))
 
 
-# d tot / d lp of a labelled graph by gathers while no label other than each graph's most common
-# one (the blank of a CTC graph) labels more than this many states of the graph; else a scatter.
-_MAX_GATHER = 4
-
-
 def label_gather_plan(arcs, S: int, C: int):
-    """Host-side: how d tot / d log_probs of a state-labelled graph is read off the state
-    occupancies occ [B, T, S] without a scatter:
-    ``glp[b, t, c] = [c == major[b]] * sum_{s: label(s) = major[b]} occ[b, t, s]
-    + sum_r occ[b, t, inv[b, c, r]]`` (occ extended by a zero column S).
+    """Host-side: how d tot / d log_probs of a state-labelled graph is read off its state
+    occupancies occ [B, T, S] (extended by a zero column S) without a scatter into [B, T, C]:
 
-    Returns (major int32 [B], the most common state label of each graph; inv int32 [B, C, R], the
-    other states labelled c, S-padded), or None when the structure is traced or some label other
-    than major labels more than `_MAX_GATHER` states of a graph."""
+    * ``major[b]``: the graph's most common state label (the blank of a CTC graph); its column is
+      the sum of those states' occupancies;
+    * every other label c reads one state, ``first[b, c]`` (S: no state), after the occupancies of
+      its further states (``fold_src[b, j]``, a label repeated in a transcript) were added to it
+      (``fold_dst[b, j]``); the fold lists are padded with S to a power of two, so that jit sees
+      few distinct shapes.
+
+    Returns (major int32 [B], first int32 [B, C], fold_src, fold_dst int32 [B, P]), or None for
+    traced structure."""
     if is_traced(arcs.dst, arcs.label, arcs.num_arcs):
         return None
     valid = np.asarray(valid_arcs(arcs))
@@ -884,20 +879,23 @@ def label_gather_plan(arcs, S: int, C: int):
     rows = np.broadcast_to(np.arange(B)[:, None], lab.shape)
     np.add.at(counts, (rows[labelled], lab[labelled]), 1)
     major = np.argmax(counts, axis=1)
-    other = labelled & (lab != major[:, None])
-    b_o, s_o = np.nonzero(other)                      # row-major: by graph, then state
+    b_o, s_o = np.nonzero(labelled & (lab != major[:, None]))
     c_o = lab[b_o, s_o]
-    order = np.lexsort((s_o, c_o, b_o))
+    order = np.lexsort((s_o, c_o, b_o))                # by graph, label, state
     b_o, s_o, c_o = b_o[order], s_o[order], c_o[order]
     key = b_o * C + c_o
-    first = np.searchsorted(key, key, side="left")
-    rank = np.arange(len(key)) - first
-    R = int(rank.max()) + 1 if len(rank) else 0
-    if R > _MAX_GATHER:
-        return None
-    inv = np.full((B, C, R), S, np.int32)
-    inv[b_o, c_o, rank] = s_o
-    return jnp.asarray(major, jnp.int32), jnp.asarray(inv)
+    head = np.searchsorted(key, key, side="left")      # index of each label's first state
+    first = np.full((B, C), S, np.int32)
+    first[b_o, c_o] = s_o[head]
+    rest = np.arange(len(key)) != head
+    per_graph = np.bincount(b_o[rest], minlength=B)
+    P = 1 << int(max(per_graph.max(initial=0), 1) - 1).bit_length()
+    fold_src = np.full((B, P), S, np.int32)
+    fold_dst = np.full((B, P), S, np.int32)
+    slot = np.arange(int(rest.sum())) - np.searchsorted(b_o[rest], b_o[rest], side="left")
+    fold_src[b_o[rest], slot] = s_o[rest]
+    fold_dst[b_o[rest], slot] = s_o[head[rest]]
+    return tuple(jnp.asarray(x, jnp.int32) for x in (major, first, fold_src, fold_dst))
 
 
 _TABLE_PADDING = 4   # table layout only while S * K <= this many times the number of arcs

@@ -170,19 +170,27 @@ def test_state_labelled_paths_match_enumeration(graph, dense, beam):
     arcs, S, _ = fsa_arrays(graph.to_jax())
     assert dense_mod.is_state_labelled(arcs, S)
     refs = [_brute(graph[b], lp, segs[b], beam) for b in range(B)]
-    # max_band 0: labelled degree tables; else the band layout when there are no parallel arcs.
-    # max_gather -1: d/d(log-probs) by a scatter; else by gathers (label_gather_plan).
-    for max_band, max_gather in ((0, -1), (2 * S_PAD, S_PAD)):
-        with mock.patch.object(dense_mod, "_MAX_BAND", max_band), \
-                mock.patch.object(dense_mod, "_MAX_GATHER", max_gather):
+    for max_band in (0, 2 * S_PAD):      # 0: labelled degree tables; else band when no parallel arcs
+        with mock.patch.object(dense_mod, "_MAX_BAND", max_band):
             pairs = {(b, int(u), int(v)) for b in range(B)
                      for u, v in zip(np.asarray(graph.src[b, :int(graph.num_arcs[b])]),
                                      np.asarray(graph.dst[b, :int(graph.num_arcs[b])]))}
             parallel = len(pairs) < int(np.sum(graph.num_arcs))
             assert (dense_mod.band_offsets(arcs, S) is None) == (max_band == 0 or parallel)
-            assert (dense_mod.label_gather_plan(arcs, S, lp.shape[2]) is None) == (max_gather < 0)
             tot, g_lp, g_sc = _tot_and_grads(graph, lp, segs, beam)
         _assert_matches_brute(graph, lp, refs, tot, g_lp, g_sc)
+
+
+def test_label_gather_plan_of_a_ctc_graph_with_repeated_labels():
+    """Blank states sum into column 0; a label's first state is gathered after its repeats (states
+    5 and 7 for the second and third 1) were folded into it; fold lists padded with S."""
+    import fsa_ops.dense as dense_mod
+    from fsa_ops.scores import fsa_arrays
+    arcs, S, _ = fsa_arrays(ctc_graph([[1, 2, 1, 1], [3]]))
+    major, first, fold_src, fold_dst = (np.asarray(x) for x in dense_mod.label_gather_plan(arcs, S, 5))
+    assert major.tolist() == [0, 0] and S == 10
+    assert first.tolist() == [[S, 1, 3, S, S], [S, S, S, 1, S]]
+    assert fold_src.tolist() == [[5, 7], [S, S]] and fold_dst.tolist() == [[1, 1], [S, S]]
 
 
 def test_band_layout_is_taken_for_ctc_graphs_and_refused_for_parallel_arcs():
@@ -228,7 +236,8 @@ def _jit_tot(g, lp, segs):
     return dense_tot_scores(g, DenseFsaVec(lp, segs))
 
 
-def _ctc_batch(rng, Bn=3, Tn=12, Cn=6, Lmax=4):
+def _ctc_batch(rng, Bn=3, Tn=12, Cn=6, Lmax=4, first_labels=None):
+    """Random CTC batch; `first_labels` (length Lmax) fixes the labels of sequence 0."""
     logits = rng.normal(size=(Bn, Tn, Cn)).astype(np.float32) * 2
     lens = rng.integers(1, Lmax + 1, size=Bn)
     tlen = rng.integers(Tn // 2, Tn + 1, size=Bn)
@@ -236,6 +245,8 @@ def _ctc_batch(rng, Bn=3, Tn=12, Cn=6, Lmax=4):
     labels = np.zeros((Bn, Lmax), np.int32)
     for b in range(Bn):
         labels[b, :lens[b]] = rng.integers(1, Cn, size=lens[b])
+    if first_labels is not None:
+        lens[0], labels[0] = Lmax, first_labels
     lpad = (np.arange(Lmax)[None] >= lens[:, None]).astype(np.float32)
     tpad = (np.arange(Tn)[None] >= tlen[:, None]).astype(np.float32)
     segs = np.stack([np.arange(Bn), np.zeros(Bn, int), tlen], 1).astype(np.int32)
@@ -274,10 +285,11 @@ def test_ctc_loss_equals_optax():
     np.testing.assert_allclose(lz, 0.0, atol=1e-4)
 
 
-def test_graph_ctc_equals_jasr_ctc_loss():
+@pytest.mark.parametrize("first_labels", [None, [1, 2, 1, 1]])   # repeats: folded occupancies
+def test_graph_ctc_equals_jasr_ctc_loss(first_labels):
     losses = pytest.importorskip("jasr.losses")   # the ctc helper's module (may land later)
     rng = np.random.default_rng(5)
-    logits, labels, lpad, tpad, segs, graph = _ctc_batch(rng)
+    logits, labels, lpad, tpad, segs, graph = _ctc_batch(rng, first_labels=first_labels)
     x = jnp.asarray(logits)
 
     def ours(x):
