@@ -22,8 +22,8 @@ shifted to max 0 (offsets kept apart).  Two layouts of the arcs, same results:
 State-labelled graphs (concrete structure; every arc into a state carries the same label: CTC
 graphs and topologies) skip the per-arc log-prob lookups: the frame weight of entering state s,
 ``e_t[s] = log_probs[t, label(s)]``, is gathered once for all frames, the loops reduce only the
-arc scores, and ``d tot / d log_probs`` is the state occupancy scattered onto the labels after the
-loops.  If their arcs also have at most four distinct ``dst - src`` offsets (CTC graphs: 0, 1, 2)
+arc scores, and ``d tot / d log_probs`` is the state occupancy summed per label after the loops
+(gathered by a host-side `label_gather_plan`, no scatter into a ``[B, T, C]`` buffer).  If their arcs also have at most four distinct ``dst - src`` offsets (CTC graphs: 0, 1, 2)
 and no parallel arcs, the steps are shifted state vectors (band layout), and an exact total runs
 forward and backward scores in one loop over ``[2B, S]``, as ``fsa_ops.ctc`` does.
 
@@ -338,7 +338,7 @@ def dense_backward_post_step(beta_next, lp_t, t, dur, lay, S, K, alpha_t, prune=
 # HMM-like graphs with labels on states).  The frame weight then belongs to the destination state,
 # ``w_t(arc) = score(arc) + e_t[dst]``, and ``e`` [B, T+1, S] is gathered once before the loops:
 # the per-frame steps touch no log-probs, and d tot / d log_probs is the state occupancy
-# ``alpha_{t+1}[s] * beta_{t+1}[s] / Z`` scattered onto the states' labels after the loops.
+# ``alpha_{t+1}[s] * beta_{t+1}[s] / Z`` summed per label after the loops (`label_gather_plan`).
 # --------------------------------------------------------------------------------------------
 
 
