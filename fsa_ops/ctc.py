@@ -326,12 +326,14 @@ def _run_scaled(lat: _Lattice, lp, block: int, store: bool = True):
     emit = _exp_nonpositive(lp - shift[:, :, None])
     last, tables, scale_sum = _frame_loop(scaled_ctc_step, scaled_renormalise,
                                           lat.start.astype(jnp.float32), emit, lat, block, store)
-    shift_sum = jnp.sum(shift, axis=1)
-    log_z = (jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1)) + scale_sum
-             + jnp.concatenate([shift_sum, shift_sum]))
     if tables is not None:
         alpha, beta, scale_f, scale_b = tables
         tables = (alpha, beta, scale_f + shift, scale_b + shift)
+        scale_sum = jnp.concatenate([jnp.sum(tables[2], axis=1), jnp.sum(tables[3], axis=1)])
+    else:
+        shift_sum = jnp.sum(shift, axis=1)
+        scale_sum = scale_sum + jnp.concatenate([shift_sum, shift_sum])
+    log_z = jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1)) + scale_sum
     return tables, log_z
 
 
