@@ -601,16 +601,18 @@ def _backward_loop(cfg: _Cfg, G: _Graph, x, dur, log_semiring, prune=None, true_
     return lax.fori_loop(0, T + 1, body, init)[2]
 
 
-def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
-    """Exact (log-semiring, no pruning) forward and backward scores of a band-layout graph in ONE
-    loop over frames, on a [2B, S] array: rows 0..B-1 run alpha over frames 0..T, rows B..2B-1 run
-    ``g_t = e_t + beta_{t+1}`` over frames T..0 with their states reversed, so that both take
+def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur, log_semiring=True, prune=None, true_values=False):
+    """Forward and backward scores of a band-layout graph in ONE loop over frames, on a [2B, S]
+    array: rows 0..B-1 run alpha over frames 0..T, rows B..2B-1 run ``g_t = e_t + beta_{t+1}``
+    over frames T..0 with their states reversed, so that both take
     ``new = e + (+)_j (shift(x, o_j) + band_j)`` (the backward band holds the arc s -> s + o_j at
     s, reversed).  Halves the serial steps of two loops.
 
-    e [B, T+1, S] (`state_emissions`).  Returns (tot [B], alphas [B, T+1, S], bnext [B, T+1, S]) in
-    the conventions of `_forward_loop` / `_backward_loop(true_values=False)` (rows shifted by any
-    per-frame offset)."""
+    e [B, T+1, S] (`state_emissions`); log_semiring False: the Viterbi (max) scores; prune: the
+    output-beam masks' tables (amax, bmax_next, cut) as `_prune_info` makes them, applied to both
+    directions (the arcs of the pruned lattice).  Returns (tot [B], alphas [B, T+1, S],
+    bnext [B, T+1, S]) in the conventions of `_forward_loop` / `_backward_loop`: each frame's row
+    shifted by some per-frame offset, or with `true_values` the scores themselves."""
     S, dtype, offsets = cfg.S, cfg.dtype, cfg.band
     B, T = e.shape[0], e.shape[1] - 1
     ns = G.num_states
@@ -618,6 +620,10 @@ def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
     fvec = _final_vec(ns, S, dtype)
     back = jnp.stack([_shift_states(G.band[:, j], -o) for j, o in enumerate(offsets)], axis=1)
     band = jnp.moveaxis(jnp.concatenate([G.band, back[..., ::-1]], axis=0), 1, 0)   # [D, 2B, S]
+    if prune is not None:
+        amax, bmax_next, cut = prune
+        h = e + bmax_next                       # best completion from entering (t, s)
+        cut2 = jnp.concatenate([cut, cut])[:, None]
 
     def restart(x, cum, tb):
         """Backward rows whose segment ends at frame tb start there: g_dur = e_dur + final."""
@@ -626,10 +632,24 @@ def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
         return (jnp.concatenate([x[:B], jnp.where(at_end[:, None], g_end, x[B:])], axis=0),
                 jnp.concatenate([cum[:B], jnp.where(at_end, 0.0, cum[B:])]))
 
+    def kept(i):
+        """[D] masks [2B, S] of the arcs inside the output beam: the forward rows' arcs into
+        frame i, the backward rows' arcs out of frame T - i (states reversed)."""
+        a_f, h_f = (lax.dynamic_index_in_dim(v, i, axis=1, keepdims=False) for v in (amax, h))
+        a_b, h_b = (lax.dynamic_index_in_dim(v, T - i, axis=1, keepdims=False) for v in (amax, h))
+        return [jnp.concatenate([_shift_states(a_f, o) + G.band[:, j] + h_f,
+                                 (a_b + _shift_states(G.band[:, j] + h_b, -o))[:, ::-1]], axis=0) > cut2
+                for j, o in enumerate(offsets)]
+
     def body(i, carry):
-        x, cum, tot, tab = carry
-        inc = _band_reduce([_shift_states(x, o) + band[j] for j, o in enumerate(offsets)], True)
+        x, cum, tot, tab, ctab = carry
+        terms = [_shift_states(x, o) + band[j] for j, o in enumerate(offsets)]
+        if prune is not None:
+            terms = [jnp.where(k, v, NEG_INF) for k, v in zip(kept(i), terms)]
+        inc = _band_reduce(terms, log_semiring)
         tab = lax.dynamic_update_index_in_dim(tab, inc, i, axis=0)
+        if true_values:
+            ctab = lax.dynamic_update_index_in_dim(ctab, cum, i, axis=0)
         e_next = jnp.concatenate([lax.dynamic_index_in_dim(e, i, axis=1, keepdims=False),
                                   lax.dynamic_index_in_dim(e, jnp.maximum(T - i - 1, 0), axis=1,
                                                            keepdims=False)[:, ::-1]], axis=0)
@@ -638,12 +658,15 @@ def _band_fused_loop(cfg: _Cfg, G: _Graph, e, dur):
         tot = jnp.where((i == dur) & (ns > 0), cum[:B] + fin, tot)
         new, off = _shift_max(new)
         new, cum = restart(new, cum + off, T - i - 1)    # (reset at the end: the step reads its carry)
-        return new, cum, tot, tab
+        return new, cum, tot, tab, ctab
 
     start = jnp.concatenate([_start_vec(ns, S, dtype), jnp.full((B, S), NEG_INF, dtype)], axis=0)
     x0, cum0 = restart(start, jnp.zeros((2 * B,), dtype), jnp.asarray(T, jnp.int32))
-    init = (x0, cum0, jnp.full((B,), NEG_INF, dtype), jnp.zeros((T + 1, 2 * B, S), dtype))
-    _, _, tot, tab = lax.fori_loop(0, T + 1, body, init)
+    ctab = jnp.zeros((T + 1, 2 * B) if true_values else (0, 2 * B), dtype)
+    init = (x0, cum0, jnp.full((B,), NEG_INF, dtype), jnp.zeros((T + 1, 2 * B, S), dtype), ctab)
+    _, _, tot, tab, ctab = lax.fori_loop(0, T + 1, body, init)
+    if true_values:            # step i's rows were computed from a carry offset by ctab[i]
+        tab = tab + ctab[:, :, None]
     # step i stored alpha_{i+1} - e_i (forward rows) and beta_{T-i} (backward rows, reversed)
     inc_f = jnp.moveaxis(tab[:, :B], 0, 1)                                   # [B, T+1, S]
     beta = jnp.moveaxis(tab[::-1, B:, ::-1], 0, 1)                           # beta_t, t = 0..T
@@ -720,18 +743,17 @@ def _loop_input(cfg: _Cfg, arcs, lp, dur):
     return lp
 
 
-def _fused(cfg: _Cfg) -> bool:
-    """Forward and backward scores in one loop (band layout, exact total)."""
-    return cfg.band is not None and not math.isfinite(cfg.beam)
-
-
 def _dense_tot_fwd(cfg: _Cfg, arcs, lp, dur, plan=None):
     G = _graph(cfg, arcs)
     x = _loop_input(cfg, arcs, lp.astype(cfg.dtype), dur)
     e = x if cfg.labelled else None          # the labelled backward reads the emissions again
-    if _fused(cfg):
-        tot, alphas, bnext = _band_fused_loop(cfg, G, x, dur)
-        return tot, (arcs, lp, dur, e, (alphas, bnext), tot, None, plan)
+    if cfg.band is not None:       # forward and backward in one loop, Viterbi pass too
+        prune = None
+        if math.isfinite(cfg.beam):
+            best, amax, bmax_next = _band_fused_loop(cfg, G, x, dur, log_semiring=False, true_values=True)
+            prune = (amax, bmax_next, lax.stop_gradient(best - jnp.asarray(cfg.beam, cfg.dtype)))
+        tot, alphas, bnext = _band_fused_loop(cfg, G, x, dur, prune=prune)
+        return tot, (arcs, lp, dur, e, (alphas, bnext), tot, prune, plan)
     prune = _prune_info(cfg, G, x, dur)
     tot, alphas = _forward_loop(cfg, G, x, dur, True, prune)
     return tot, (arcs, lp, dur, e, (alphas,), tot, prune, plan)
