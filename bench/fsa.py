@@ -95,9 +95,9 @@ Notes:
   forward and backward are O(B*T*C) passes that `jasr.ctc_loss`, which takes logits, fuses into
   its own. Graphs that are not state-labelled (the denominator below) take the per-arc path
   (degree tables or segments).
-- k2's default `output_beam=10` adds a Viterbi forward and backward pass and separate forward
-  and backward loops (the prune masks); `output_beam=inf` gives the exact total (what a CTC
-  training loss wants).
+- k2's default `output_beam=10` adds a Viterbi pass (forward and backward again in one loop, max
+  semiring) whose tables give the prune masks of the second, pruned loop; `output_beam=inf`
+  gives the exact total (what a CTC training loss wants) in one loop.
 - Denominator graph: every state has an arc into the final state, so its in-degree table would be
   mostly padding; that direction uses the segment (scatter) layout, the other the degree table.
   Memory stays O(B x T x states): forward scores are kept for the backward pass, arc posteriors
