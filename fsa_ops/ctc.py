@@ -210,6 +210,23 @@ def scaled_renormalise(alpha):
 # --------------------------------------------------------------------------------------------
 # Lattice set-up
 # --------------------------------------------------------------------------------------------
+def _log_normaliser(logits, log_probs: bool):
+    """[B, T] logsumexp of each frame's logits (0 with log_probs; 0 for frames without mass)."""
+    if log_probs:
+        return jnp.zeros(logits.shape[:2], jnp.float32)
+    log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    return jnp.where(jnp.isfinite(log_norm), log_norm, 0.0)
+
+
+def _row_sum(x, weights=None):
+    """Sum over the last axis as a matrix-vector product (on CPU much faster than a reduction over
+    a short minor axis); `weights` [n] (default ones) weight the columns. float32, exact order
+    aside."""
+    if weights is None:
+        weights = jnp.ones((x.shape[-1],), jnp.float32)
+    return jnp.dot(x, weights, precision=jax.lax.Precision.HIGHEST)
+
+
 def _extended_labels(labels, label_lengths, blank_id):
     """[B, N] labels -> ext [B, 2N+1] (blank-interleaved; padded positions hold the blank)."""
     batch, max_labels = labels.shape
@@ -244,7 +261,9 @@ class _Lattice:
         return cls(shape, **dict(zip(cls._FIELDS, children)))
 
     @classmethod
-    def build(cls, logits, logit_paddings, labels, label_paddings, blank_id, log_probs):
+    def build(cls, logits, logit_paddings, labels, label_paddings, blank_id):
+        """The lattice without log_norm (None until `with_log_norm`: each recursion computes it
+        its own way)."""
         batch, frames, classes = logits.shape
         max_labels = labels.shape[1]
         states = 2 * max_labels + 1
@@ -280,13 +299,13 @@ class _Lattice:
         valid_labels = positions < label_lengths[:, None]
         fields["bad_labels"] = jnp.any(valid_labels & ((labels < 0) | (labels >= classes) | (labels == blank_id)),
                                        axis=1)
-        if log_probs:
-            log_norm = jnp.zeros((batch, frames), jnp.float32)
-        else:
-            log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-            log_norm = jnp.where(jnp.isfinite(log_norm), log_norm, 0.0)
-        fields["log_norm"] = log_norm
+        fields["log_norm"] = None
         return cls((batch, frames, classes, states), **fields)
+
+    def with_log_norm(self, log_norm):
+        fields = {name: getattr(self, name) for name in self._FIELDS}
+        fields["log_norm"] = log_norm
+        return _Lattice(self.shape, **fields)
 
     def emissions(self, logits):
         """lp [B, T, S] = log p(ext[b, s] | frame t) in float32 (-inf on padding states): a row-wise
@@ -319,22 +338,123 @@ def _run_log(lat: _Lattice, lp, block: int, store: bool = True):
     return tables, log_z
 
 
-def _run_scaled(lat: _Lattice, lp, block: int, store: bool = True):
-    # Per-frame shift so that the largest valid emission of each frame is exp(0) = 1.
-    shift = jnp.max(lp, axis=-1)                                                  # [B, T]
-    shift = jnp.where(jnp.isfinite(shift) & lat.frame_valid, shift, 0.0)
-    emit = _exp_nonpositive(lp - shift[:, :, None])
-    last, tables, scale_sum = _frame_loop(scaled_ctc_step, scaled_renormalise,
-                                          lat.start.astype(jnp.float32), emit, lat, block, store)
-    if tables is not None:
-        alpha, beta, scale_f, scale_b = tables
-        tables = (alpha, beta, scale_f + shift, scale_b + shift)
-        scale_sum = jnp.concatenate([jnp.sum(tables[2], axis=1), jnp.sum(tables[3], axis=1)])
+def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool = True):
+    """The rescaled recursion in one `lax.scan` over time-major rows (see `_scaled_loop`).
+
+    Emissions are the logits' exponentials relative to each frame's largest logit,
+    ``exp(x - max_k x)`` (so the largest is 1 and no division is needed); the frame's offset to
+    the true log-probabilities, ``max_k x - log_norm`` (``-log sum_k exp(x - max_k x)``), is added
+    to the row's log-scale inside the loop. Returns (tables, log_z [R], log_norm [B, T]):
+    tables (store=True) = (values [T, R, S], log_scale [T, R]) in loop coordinates: at step u,
+    row b < B holds alpha of frame u (its emission included) and row B+b beta_excl of frame
+    T-1-u with its states reversed; the true log value is log(values) + log_scale. None with
+    store=False.
+    """
+    batch, frames, classes, states = lat.shape
+    x = logits.astype(jnp.float32)
+    top = jnp.max(x, axis=-1)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)                                   # [B, T]
+    # [B, T, K + 1]: a zero column (class K) that padding states gather, so that no mask follows
+    emit_all = _exp_nonpositive(jnp.pad(x, ((0, 0), (0, 0), (0, 1)), constant_values=-jnp.inf)
+                                - top[:, :, None])
+    if log_probs:
+        log_norm = jnp.zeros((batch, frames), jnp.float32)
+        offset = top
     else:
-        shift_sum = jnp.sum(shift, axis=1)
-        scale_sum = scale_sum + jnp.concatenate([shift_sum, shift_sum])
-    log_z = jnp.log(jnp.sum(jnp.where(lat.final, last, 0.0), axis=-1)) + scale_sum
-    return tables, log_z
+        total = jnp.sum(emit_all, axis=-1)
+        offset = -jnp.log(jnp.where(total > 0, total, 1.0))
+        log_norm = top - offset
+    rows = _time_major_gather(emit_all, jnp.where(lat.state_valid, jnp.clip(lat.ext, 0, classes - 1), classes))
+    valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)  # [T, R]
+    # Each row's emissions are divided by their sum inside the loop (largest >= 1/S), so that the
+    # range below a frame's best state is ~80 nats even where the best class is no label.
+    row_total = _row_sum(rows)
+    row_total = jnp.where(valid & (row_total > 0), row_total, 1.0)
+    row_offset = jnp.concatenate([offset.T, offset[:, ::-1].T], axis=1) + jnp.log(row_total)
+    row_offset = jnp.where(valid, row_offset, 0.0)
+    last, values, log_scale = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid,
+                                           row_offset, lat.skip, block, store)
+    post, last_scale = last
+    log_z = jnp.log(jnp.sum(jnp.where(lat.final, post, 0.0), axis=-1)) + last_scale
+    if not store:
+        return None, log_z, log_norm
+    # forward rows' values include their frame's emission (and offset), backward rows' do not
+    forward_row = (jnp.arange(2 * batch) < batch)[None, :]
+    log_scale = log_scale + jnp.where(forward_row, row_offset, 0.0)
+    return (values, log_scale), log_z, log_norm
+
+
+def _time_major_gather(table, ids):
+    """table [B, T, C], ids [B, S] in [0, C) -> rows [T, 2B, S] in loop order: row b =
+    table[b, t, ids[b]], row B+b = table[b, T-1-t, ids[b, ::-1]] (one gather, no transposes)."""
+    batch, frames, columns = table.shape
+    states = ids.shape[1]
+    step = jnp.arange(frames)[:, None, None]
+    row = jnp.arange(2 * batch)[None, :, None]
+    pos = jnp.arange(states)[None, None, :]
+    forward = row < batch
+    b = jnp.where(forward, row, row - batch)
+    t = jnp.where(forward, step, frames - 1 - step)
+    flat = (b * frames + t) * columns + ids[b, jnp.where(forward, pos, states - 1 - pos)]
+    return table.reshape(-1)[flat.reshape(-1)].reshape(frames, 2 * batch, states)
+
+
+def _scaled_loop(init, rows, gain, valid, offset, skip, block: int, store: bool):
+    """Scaled recursion over rows [T, R, S] with emissions rows * gain[..., None] (gain, valid,
+    offset [T, R]; offset = the log-factor that the gained emissions lack), renormalised at the
+    end of every block of frames.
+
+    The carry is (x [R, S] unnormalised, 1/norm [R], log-scale c [R] of x * (1/norm)); the next
+    step multiplies by 1/norm inside its fused step, so that the body is the step, the row sum
+    (a matrix-vector product: on CPU much faster than a reduction) and one small update. The
+    norm is the row sum, 1 for rows without mass.
+
+    Returns ((x after step T-1 normalised, its log-scale) [R, S], [R]; values [T, R, S] (store:
+    the forward rows' new value and the backward rows' incoming sum at each step, else None);
+    log_scale [T, R] of each step's input (store, else None)).
+    """
+    frames, num_rows, states = rows.shape
+    forward_row = (jnp.arange(num_rows) < num_rows // 2)[:, None]
+
+    def run_block(carry, xs):
+        x, inv_norm, scale = carry
+        block_rows, block_gain, block_valid, block_offset = xs
+        x = x * inv_norm[:, None]
+        stored, scales = [], []
+        for j in range(block_rows.shape[0]):
+            scales.append(scale)
+            x, incoming = scaled_ctc_step(x, block_rows[j] * block_gain[j][:, None], block_valid[j], skip)
+            scale = scale + block_offset[j]
+            if store:
+                stored.append(jnp.where(forward_row, x, incoming))
+        norm = _row_sum(x)
+        norm = jnp.where(norm > 0, norm, 1.0)
+        outs = (jnp.stack(stored), jnp.stack(scales)) if store else None
+        return (x, 1.0 / norm, scale + jnp.log(norm)), outs
+
+    blocks, rest = divmod(frames, block)
+    carry = (init, jnp.ones((num_rows,), jnp.float32), jnp.zeros((num_rows,), jnp.float32))
+    outs = []
+    if blocks == frames:   # one frame per step: no [T, 1, ...] reshapes (they cost layout copies)
+        carry, out = jax.lax.scan(lambda c, xs: run_block(c, jax.tree.map(lambda a: a[None], xs)), carry,
+                                  (rows, gain, valid, offset))
+        if store:
+            outs.append(jax.tree.map(lambda a: a[:, 0], out))
+    elif blocks:
+        split = lambda a: a[:blocks * block].reshape((blocks, block) + a.shape[1:])
+        carry, out = jax.lax.scan(run_block, carry, (split(rows), split(gain), split(valid), split(offset)))
+        if store:
+            outs.append(jax.tree.map(lambda a: a.reshape((blocks * block,) + a.shape[2:]), out))
+    if rest:
+        tail = blocks * block
+        carry, out = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
+        outs.append(out)
+    x, inv_norm, scale = carry
+    last = (x * inv_norm[:, None], scale)
+    if not store:
+        return last, None, None
+    values, scales = outs[0] if len(outs) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+    return last, values, scales
 
 
 def _total_only_loop(step, renormalise, init, table, lat: _Lattice, block: int):
@@ -450,18 +570,20 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    lat = _Lattice.build(logits, logit_paddings, labels, label_paddings, blank_id, log_probs)
-    lp = lat.emissions(logits)
+    lat = _Lattice.build(logits, logit_paddings, labels, label_paddings, blank_id)
     batch = lat.shape[0]
     if method == "log":
-        tables, log_z = _run_log(lat, lp, block, store_tables)
+        lat = lat.with_log_norm(_log_normaliser(logits, log_probs))
+        tables, log_z = _run_log(lat, lat.emissions(logits), block, store_tables)
         used_log = jnp.array(True)
     else:
-        tables, log_z = _run_scaled(lat, lp, block, store_tables)
+        tables, log_z, log_norm = _run_scaled(lat, logits, log_probs, block, store_tables)
+        lat = lat.with_log_norm(log_norm)
         used_log = jnp.array(False)
         if method == "auto":   # (the fallback needs only log_z; ctc_occupancy recomputes tables)
             used_log = jnp.any(_needs_log_recursion(lat, log_z))
-            log_z = jax.lax.cond(used_log, lambda: _run_log(lat, lp, block, store=False)[1], lambda: log_z)
+            log_z = jax.lax.cond(used_log, lambda: _run_log(lat, lat.emissions(logits), block, store=False)[1],
+                                 lambda: log_z)
     log_z = jnp.where(lat.feasible, log_z[:batch], -jnp.inf)
     return lat, tables, log_z, used_log
 
@@ -479,26 +601,40 @@ def ctc_occupancy(lat: _Lattice, logits, tables, log_z, used_log, method: str = 
     if method == "auto":
         return jax.lax.cond(
             used_log,
-            lambda: _occupancy(lat, _run_log(lat, lat.emissions(logits), block)[0], log_z, log_domain=True),
-            lambda: _occupancy(lat, tables, log_z, log_domain=False))
-    return _occupancy(lat, tables, log_z, log_domain=(method == "log"))
+            lambda: _log_occupancy(lat, _run_log(lat, lat.emissions(logits), block)[0], log_z),
+            lambda: _scaled_occupancy(lat, tables, log_z))
+    if method == "log":
+        return _log_occupancy(lat, tables, log_z)
+    return _scaled_occupancy(lat, tables, log_z)
 
 
-def _occupancy(lat: _Lattice, tables, log_z, log_domain: bool):
+def _log_occupancy(lat: _Lattice, tables, log_z):
     alpha, beta, scale_f, scale_b = tables
     # log of the factor that turns alpha * beta into gamma: forward scales of frames <= t,
     # backward scales of frames > t, minus log Z.
-    finite_z = jnp.isfinite(log_z)
-    log_factor = (jnp.cumsum(scale_f, axis=1) + (jax.lax.cumsum(scale_b, axis=1, reverse=True) - scale_b)
-                  - jnp.where(finite_z, log_z, 0.0)[:, None])
-    if log_domain:
-        # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
-        gamma = _exp_nonpositive(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
-    else:  # split the factor over both tables so that neither the factors nor the product overflow
-        half = jnp.exp(jnp.clip(0.5 * log_factor, -80.0, 80.0))[:, :, None]
-        gamma = jnp.minimum((alpha * half) * (beta * half), 1e30)
-    total = jnp.sum(gamma, axis=-1, keepdims=True)
-    usable = lat.frame_valid[:, :, None] & finite_z[:, None, None] & (total > 0)
+    log_factor = jnp.cumsum(scale_f, axis=1) + (jax.lax.cumsum(scale_b, axis=1, reverse=True) - scale_b)
+    log_factor = log_factor - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None]
+    # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
+    gamma = _exp_nonpositive(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
+    return _normalised_occupancy(lat, gamma, log_z)
+
+
+def _scaled_occupancy(lat: _Lattice, tables, log_z):
+    values, log_scale = tables                         # [T, R, S], [T, R] in loop coordinates
+    batch = lat.shape[0]
+    alpha = jnp.swapaxes(values[:, :batch], 0, 1)                                  # [B, T, S]
+    beta = jnp.swapaxes(values[::-1, batch:, ::-1], 0, 1)
+    log_factor = (log_scale[:, :batch].T + log_scale[::-1, batch:].T
+                  - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None])
+    # the factor is split over both tables so that neither the factors nor the product overflow
+    half = jnp.exp(jnp.clip(0.5 * log_factor, -80.0, 80.0))[:, :, None]
+    return _normalised_occupancy(lat, jnp.minimum((alpha * half) * (beta * half), 1e30), log_z)
+
+
+def _normalised_occupancy(lat: _Lattice, gamma, log_z):
+    """gamma [B, T, S] renormalised to sum 1 over s on valid frames of finite-log_z sequences, else 0."""
+    total = _row_sum(gamma)[..., None]
+    usable = lat.frame_valid[:, :, None] & jnp.isfinite(log_z)[:, None, None] & (total > 0)
     return jnp.where(usable, gamma / jnp.where(usable, total, 1.0), 0.0)
 
 
@@ -533,7 +669,7 @@ def _ctc_nll_bwd(blank_id, log_probs, method, block, residuals, upstream):
     # d nll / d logits = softmax * g - g * occupancy summed onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
     # to their ids (repeated ids add up). With log_probs the softmax term is absent.
-    blank_occ = jnp.sum(occupancy[:, :, 0::2], axis=-1)                              # [B, T]
+    blank_occ = _row_sum(occupancy, (jnp.arange(lat.shape[3]) % 2 == 0).astype(jnp.float32))   # [B, T]
     is_blank = (jnp.arange(classes) == blank_id)[None, None, :]
     grad = -scale * jnp.where(is_blank, blank_occ[:, :, None], 0.0)
     if not log_probs:

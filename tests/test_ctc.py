@@ -130,12 +130,13 @@ def _feasible(frame_lengths, labels, label_lengths):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("method", ["log", "auto"])
 @settings(max_examples=40, deadline=None)
-@given(ctc_batches())
-def test_matches_torch_and_optax(batch):
+@given(batch=ctc_batches())
+def test_matches_torch_and_optax(method, batch):
     logits, frame_lengths, labels, label_lengths, blank_id = batch
     fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
-    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id, method=method)
     ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths, blank_id)
     loss, grad = np.asarray(loss), np.asarray(grad)
     feasible = _feasible(frame_lengths, labels, label_lengths)
@@ -198,15 +199,16 @@ TINY = [  # (frames, label sequence, blank_id)
 ]
 
 
+@pytest.mark.parametrize("method", ["log", "scaled"])
 @pytest.mark.parametrize("frames,label_seq,blank_id", TINY)
-def test_brute_force_and_finite_differences(frames, label_seq, blank_id):
+def test_brute_force_and_finite_differences(frames, label_seq, blank_id, method):
     classes, tb, nb = 3, 6, 3          # padded bucket for the jitted function
     rng = np.random.default_rng(frames * 7 + len(label_seq))
     logits = rng.normal(size=(1, tb, classes)).astype(np.float32) * 1.5
     labels = np.zeros((1, nb), np.int32)
     labels[0, :len(label_seq)] = label_seq
     fp, lpad = paddings_from_lengths([frames], tb), paddings_from_lengths([len(label_seq)], nb)
-    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad, blank_id=blank_id, method=method)
     valid = logits[0, :frames].astype(np.float64)
     expected = brute_force_nll(valid, label_seq, blank_id)
     np.testing.assert_allclose(float(loss[0]), expected, rtol=1e-5)
@@ -215,7 +217,7 @@ def test_brute_force_and_finite_differences(frames, label_seq, blank_id):
     assert np.all(np.asarray(grad)[0, frames:] == 0)
     # log_probs=True: the gradient is d/d(log-probs) with the log-probs as free variables.
     lp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
-    loss_lp, grad_lp = loss_and_grad(lp, fp, labels, lpad, blank_id=blank_id, log_probs=True)
+    loss_lp, grad_lp = loss_and_grad(lp, fp, labels, lpad, blank_id=blank_id, method=method, log_probs=True)
     np.testing.assert_allclose(float(loss_lp[0]), expected, rtol=1e-5)
     valid_lp = lp[0, :frames].astype(np.float64)
     fd_lp = finite_difference_grad(lambda x: brute_force_nll(x, label_seq, blank_id, log_probs=True), valid_lp)
@@ -262,13 +264,14 @@ def test_infeasible_and_empty_sequences():
     np.testing.assert_allclose(np.asarray(grad_z), ref_grad, atol=1e-5)
 
 
-def test_zero_probability_alignments_give_inf_not_nan():
+@pytest.mark.parametrize("method", ["log", "scaled"])
+def test_zero_probability_alignments_give_inf_not_nan(method):
     """log_probs with -inf entries: only impossible paths -> +inf loss, zero (finite) gradient."""
     lp = np.full((B, T, K), np.log(1.0 / K), np.float32)
     lp[0, :, 1] = -np.inf                     # label 1 can never be emitted in row 0
     labels = np.array([[1, 2, 0, 0]] * B, np.int32)
     fp, lpad = paddings_from_lengths([T] * B, T), paddings_from_lengths([2] * B, N)
-    loss, grad = loss_and_grad(lp, fp, labels, lpad, log_probs=True)
+    loss, grad = loss_and_grad(lp, fp, labels, lpad, log_probs=True, method=method)
     assert np.isposinf(loss[0]) and np.all(np.isfinite(loss[1:]))
     assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[0] == 0)
     ref_loss, _ = torch_ctc(lp[1:], [T] * (B - 1), labels[1:], [2] * (B - 1), log_probs=True)
@@ -334,7 +337,7 @@ def test_frame_blocks_give_the_same_result(method):
         ref_total = sum(torch_ctc(logits[b:b + 1, fp[b] == 0], [(fp[b] == 0).sum()], labels[b:b + 1],
                                   [int((lpad[b] == 0).sum())])[0][0] for b in range(B))
         np.testing.assert_allclose(float(total), ref_total, rtol=1e-5)
-        # without a gradient the loss runs the loop that stores no tables (`_total_only_loop`)
+        # without a gradient the loss runs the loop without tables (store=False)
         forward_only = jax.jit(lambda x: jnp.sum(ctc_nll(x, fp, labels, lpad, method=method, block=block)))
         np.testing.assert_allclose(float(forward_only(jnp.asarray(logits))), ref_total, rtol=1e-5)
     with pytest.raises(ValueError, match="block"):
