@@ -372,16 +372,13 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     row_total = jnp.where(valid & (row_total > 0), row_total, 1.0)
     row_offset = jnp.concatenate([offset.T, offset[:, ::-1].T], axis=1) + jnp.log(row_total)
     row_offset = jnp.where(valid, row_offset, 0.0)
-    last, values, log_scale = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid,
-                                           row_offset, lat.skip, block, store)
+    last, table = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid, row_offset,
+                               lat.skip, block, store)
     post, last_scale = last
     log_z = jnp.log(jnp.sum(jnp.where(lat.final, post, 0.0), axis=-1)) + last_scale
     if not store:
         return None, log_z, log_norm
-    # forward rows' values include their frame's emission (and offset), backward rows' do not
-    forward_row = (jnp.arange(2 * batch) < batch)[None, :]
-    log_scale = log_scale + jnp.where(forward_row, row_offset, 0.0)
-    return (values, log_scale), log_z, log_norm
+    return (table, row_offset), log_z, log_norm
 
 
 def _time_major_gather(table, ids):
@@ -402,59 +399,57 @@ def _time_major_gather(table, ids):
 def _scaled_loop(init, rows, gain, valid, offset, skip, block: int, store: bool):
     """Scaled recursion over rows [T, R, S] with emissions rows * gain[..., None] (gain, valid,
     offset [T, R]; offset = the log-factor that the gained emissions lack), renormalised at the
-    end of every block of frames.
+    start of every block of frames.
 
-    The carry is (x [R, S] unnormalised, 1/norm [R], log-scale c [R] of x * (1/norm)); the next
-    step multiplies by 1/norm inside its fused step, so that the body is the step, the row sum
-    (a matrix-vector product: on CPU much faster than a reduction) and one small update. The
-    norm is the row sum, 1 for rows without mass.
+    The carry is (x [R, S] unnormalised, its row sum [R], its log-scale c [R]: the true value is
+    x * exp(c)); each block starts by dividing x by the sum inside the fused step, so that a
+    one-frame body is little more than the step, the row sum (a matrix-vector product: on CPU
+    much faster than a reduction) and one small update. Rows without mass keep sum 1.
 
-    Returns ((x after step T-1 normalised, its log-scale) [R, S], [R]; values [T, R, S] (store:
-    the forward rows' new value and the backward rows' incoming sum at each step, else None);
-    log_scale [T, R] of each step's input (store, else None)).
+    Returns ((x after step T-1 divided by its sum [R, S], its log-scale [R]), table [T, R, S + 1]
+    or None (store=False)): at each step the forward rows' new value and the backward rows'
+    incoming sum, with the log-scale that the forward value lacks as column S (the backward rows'
+    value lacks that minus the step's offset).
     """
     frames, num_rows, states = rows.shape
     forward_row = (jnp.arange(num_rows) < num_rows // 2)[:, None]
+    ones = jnp.ones((states,), jnp.float32)
 
     def run_block(carry, xs):
-        x, inv_norm, scale = carry
+        x, norm, scale = carry
         block_rows, block_gain, block_valid, block_offset = xs
-        x = x * inv_norm[:, None]
-        stored, scales = [], []
+        norm = jnp.where(norm > 0, norm, 1.0)
+        x = x * (1.0 / norm)[:, None]
+        scale = scale + jnp.log(norm)
+        stored = []
         for j in range(block_rows.shape[0]):
-            scales.append(scale)
             x, incoming = scaled_ctc_step(x, block_rows[j] * block_gain[j][:, None], block_valid[j], skip)
             scale = scale + block_offset[j]
             if store:
-                stored.append(jnp.where(forward_row, x, incoming))
-        norm = _row_sum(x)
-        norm = jnp.where(norm > 0, norm, 1.0)
-        outs = (jnp.stack(stored), jnp.stack(scales)) if store else None
-        return (x, 1.0 / norm, scale + jnp.log(norm)), outs
+                stored.append(jnp.concatenate([jnp.where(forward_row, x, incoming), scale[:, None]], axis=1))
+        return (x, _row_sum(x, ones), scale), (jnp.stack(stored) if store else None)
 
     blocks, rest = divmod(frames, block)
     carry = (init, jnp.ones((num_rows,), jnp.float32), jnp.zeros((num_rows,), jnp.float32))
-    outs = []
+    tables = []
     if blocks == frames:   # one frame per step: no [T, 1, ...] reshapes (they cost layout copies)
-        carry, out = jax.lax.scan(lambda c, xs: run_block(c, jax.tree.map(lambda a: a[None], xs)), carry,
-                                  (rows, gain, valid, offset))
-        if store:
-            outs.append(jax.tree.map(lambda a: a[:, 0], out))
+        carry, table = jax.lax.scan(lambda c, xs: run_block(c, jax.tree.map(lambda a: a[None], xs)), carry,
+                                    (rows, gain, valid, offset))
+        tables.append(None if table is None else table[:, 0])
     elif blocks:
         split = lambda a: a[:blocks * block].reshape((blocks, block) + a.shape[1:])
-        carry, out = jax.lax.scan(run_block, carry, (split(rows), split(gain), split(valid), split(offset)))
-        if store:
-            outs.append(jax.tree.map(lambda a: a.reshape((blocks * block,) + a.shape[2:]), out))
+        carry, table = jax.lax.scan(run_block, carry, (split(rows), split(gain), split(valid), split(offset)))
+        tables.append(None if table is None else table.reshape((blocks * block,) + table.shape[2:]))
     if rest:
         tail = blocks * block
-        carry, out = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
-        outs.append(out)
-    x, inv_norm, scale = carry
-    last = (x * inv_norm[:, None], scale)
+        carry, table = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
+        tables.append(table)
+    x, norm, scale = carry
+    norm = jnp.where(norm > 0, norm, 1.0)
+    last = (x * (1.0 / norm)[:, None], scale + jnp.log(norm))
     if not store:
-        return last, None, None
-    values, scales = outs[0] if len(outs) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
-    return last, values, scales
+        return last, None
+    return last, (tables[0] if len(tables) == 1 else jnp.concatenate(tables, axis=0))
 
 
 def _total_only_loop(step, renormalise, init, table, lat: _Lattice, block: int):
@@ -598,6 +593,14 @@ def ctc_occupancy(lat: _Lattice, logits, tables, log_z, used_log, method: str = 
     and the result renormalised over s within each frame (where it sums to 1), so that the
     rounding of the long running sums cancels: float32 precision for any T.
     """
+    gamma, inv_total, _ = _occupancy_parts(lat, logits, tables, log_z, used_log, method, block)
+    return gamma * inv_total[:, :, None]
+
+
+def _occupancy_parts(lat: _Lattice, logits, tables, log_z, used_log, method: str, block: int):
+    """(gamma [B, T, S] before the per-frame renormalisation, 1/total [B, T] (0 where the frame is
+    padded, log_z infinite or the total 0), blank [B, T] = renormalised occupancy summed over the
+    blank states): what the gradient needs, with the two sums over s in one matrix product."""
     if method == "auto":
         return jax.lax.cond(
             used_log,
@@ -616,26 +619,32 @@ def _log_occupancy(lat: _Lattice, tables, log_z):
     log_factor = log_factor - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None]
     # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
     gamma = _exp_nonpositive(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
-    return _normalised_occupancy(lat, gamma, log_z)
+    return _with_totals(lat, gamma, log_z)
 
 
 def _scaled_occupancy(lat: _Lattice, tables, log_z):
-    values, log_scale = tables                         # [T, R, S], [T, R] in loop coordinates
-    batch = lat.shape[0]
-    alpha = jnp.swapaxes(values[:, :batch], 0, 1)                                  # [B, T, S]
-    beta = jnp.swapaxes(values[::-1, batch:, ::-1], 0, 1)
-    log_factor = (log_scale[:, :batch].T + log_scale[::-1, batch:].T
+    table, row_offset = tables                      # [T, R, S + 1], [T, R] in loop coordinates
+    batch, _, _, states = lat.shape
+    alpha = jnp.swapaxes(table[:, :batch, :states], 0, 1)                          # [B, T, S]
+    beta = jnp.swapaxes(table[::-1, batch:, states - 1::-1], 0, 1)
+    # forward values lack the scale in column S, backward values that minus their step's offset
+    log_factor = (table[:, :batch, states].T + (table[::-1, batch:, states] - row_offset[::-1, batch:]).T
                   - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None])
     # the factor is split over both tables so that neither the factors nor the product overflow
     half = jnp.exp(jnp.clip(0.5 * log_factor, -80.0, 80.0))[:, :, None]
-    return _normalised_occupancy(lat, jnp.minimum((alpha * half) * (beta * half), 1e30), log_z)
+    return _with_totals(lat, jnp.minimum((alpha * half) * (beta * half), 1e30), log_z)
 
 
-def _normalised_occupancy(lat: _Lattice, gamma, log_z):
-    """gamma [B, T, S] renormalised to sum 1 over s on valid frames of finite-log_z sequences, else 0."""
-    total = _row_sum(gamma)[..., None]
-    usable = lat.frame_valid[:, :, None] & jnp.isfinite(log_z)[:, None, None] & (total > 0)
-    return jnp.where(usable, gamma / jnp.where(usable, total, 1.0), 0.0)
+def _with_totals(lat: _Lattice, gamma, log_z):
+    """gamma [B, T, S] -> (gamma, 1/total, blank) of `_occupancy_parts`."""
+    states = gamma.shape[-1]
+    weights = jnp.stack([jnp.ones((states,), jnp.float32),
+                         (jnp.arange(states) % 2 == 0).astype(jnp.float32)], axis=1)        # [S, 2]
+    sums = jnp.dot(gamma, weights, precision=jax.lax.Precision.HIGHEST)                # [B, T, 2]
+    total = sums[..., 0]
+    usable = lat.frame_valid & jnp.isfinite(log_z)[:, None] & (total > 0)
+    inv_total = jnp.where(usable, 1.0 / jnp.where(usable, total, 1.0), 0.0)
+    return gamma, inv_total, sums[..., 1] * inv_total
 
 
 # --------------------------------------------------------------------------------------------
@@ -664,20 +673,19 @@ def _ctc_nll_fwd(logits, logit_paddings, labels, label_paddings, blank_id, log_p
 def _ctc_nll_bwd(blank_id, log_probs, method, block, residuals, upstream):
     logits, lat, tables, log_z, used_log = residuals
     batch, frames, classes, _ = lat.shape
-    occupancy = ctc_occupancy(lat, logits, tables, log_z, used_log, method, block)   # [B, T, S]
-    scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None, None]
+    gamma, inv_total, blank_occ = _occupancy_parts(lat, logits, tables, log_z, used_log, method, block)
+    scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None]       # [B, 1]
     # d nll / d logits = softmax * g - g * occupancy summed onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
     # to their ids (repeated ids add up). With log_probs the softmax term is absent.
-    blank_occ = _row_sum(occupancy, (jnp.arange(lat.shape[3]) % 2 == 0).astype(jnp.float32))   # [B, T]
     is_blank = (jnp.arange(classes) == blank_id)[None, None, :]
-    grad = -scale * jnp.where(is_blank, blank_occ[:, :, None], 0.0)
+    grad = jnp.where(is_blank, (-scale * blank_occ)[:, :, None], 0.0)
     if not log_probs:
         probs = jnp.exp(logits.astype(jnp.float32) - lat.log_norm[:, :, None])
-        grad = grad + jnp.where(lat.frame_valid[:, :, None], probs * scale, 0.0)
+        grad = grad + jnp.where(lat.frame_valid[:, :, None], probs * scale[:, :, None], 0.0)
     if lat.shape[3] > 1:   # any label positions
         ids = jnp.clip(lat.ext[:, 1::2], 0, classes - 1)                          # [B, N]
-        label_occ = jnp.transpose(-scale * occupancy[:, :, 1::2], (0, 2, 1))      # [B, N, T]
+        label_occ = jnp.transpose(gamma[:, :, 1::2] * (-scale * inv_total)[:, :, None], (0, 2, 1))  # [B, N, T]
         grad = grad.at[jnp.arange(batch)[:, None], :, ids].add(label_occ, mode="promise_in_bounds")
     return grad.astype(logits.dtype), None, None, None
 
