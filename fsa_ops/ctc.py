@@ -413,20 +413,25 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, block: int, store: bool)
     """
     frames, num_rows, states = rows.shape
     forward_row = (jnp.arange(num_rows) < num_rows // 2)[:, None]
-    ones = jnp.ones((states,), jnp.float32)
+    ones = jnp.broadcast_to(1.0 + 0.0 * gain[0, 0], (states,))
 
     def run_block(carry, xs):
+        # store=True: the log-scale is not carried (one update fewer per step); each stored row
+        # holds its increment instead and the caller sums them up (`_scaled_table_scales`)
         x, norm, scale = carry
         block_rows, block_gain, block_valid, block_offset = xs
         norm = jnp.where(norm > 0, norm, 1.0)
         x = x * (1.0 / norm)[:, None]
-        scale = scale + jnp.log(norm)
+        increment = jnp.log(norm)
         stored = []
         for j in range(block_rows.shape[0]):
             x, incoming = scaled_ctc_step(x, block_rows[j] * block_gain[j][:, None], block_valid[j], skip)
-            scale = scale + block_offset[j]
+            increment = increment + block_offset[j]
             if store:
-                stored.append(jnp.concatenate([jnp.where(forward_row, x, incoming), scale[:, None]], axis=1))
+                stored.append(jnp.concatenate([jnp.where(forward_row, x, incoming), increment[:, None]], axis=1))
+            else:
+                scale = scale + increment
+            increment = jnp.zeros_like(increment)
         return (x, _row_sum(x, ones), scale), (jnp.stack(stored) if store else None)
 
     blocks, rest = divmod(frames, block)
@@ -445,11 +450,12 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, block: int, store: bool)
         carry, table = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
         tables.append(table)
     x, norm, scale = carry
+    table = None
+    if store:
+        table = tables[0] if len(tables) == 1 else jnp.concatenate(tables, axis=0)
+        scale = jnp.sum(table[:, :, states], axis=0)
     norm = jnp.where(norm > 0, norm, 1.0)
-    last = (x * (1.0 / norm)[:, None], scale + jnp.log(norm))
-    if not store:
-        return last, None
-    return last, (tables[0] if len(tables) == 1 else jnp.concatenate(tables, axis=0))
+    return (x * (1.0 / norm)[:, None], scale + jnp.log(norm)), table
 
 
 def _total_only_loop(step, renormalise, init, table, lat: _Lattice, block: int):
@@ -627,8 +633,9 @@ def _scaled_occupancy(lat: _Lattice, tables, log_z):
     batch, _, _, states = lat.shape
     alpha = jnp.swapaxes(table[:, :batch, :states], 0, 1)                          # [B, T, S]
     beta = jnp.swapaxes(table[::-1, batch:, states - 1::-1], 0, 1)
-    # forward values lack the scale in column S, backward values that minus their step's offset
-    log_factor = (table[:, :batch, states].T + (table[::-1, batch:, states] - row_offset[::-1, batch:]).T
+    # forward values lack the running sum of column S, backward values that minus their step's offset
+    scale = jnp.cumsum(table[:, :, states], axis=0)                                    # [T, R]
+    log_factor = (scale[:, :batch].T + (scale[::-1, batch:] - row_offset[::-1, batch:]).T
                   - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None])
     # the factor is split over both tables so that neither the factors nor the product overflow
     half = jnp.exp(jnp.clip(0.5 * log_factor, -80.0, 80.0))[:, :, None]
