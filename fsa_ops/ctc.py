@@ -354,17 +354,17 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     x = logits.astype(jnp.float32)
     top = jnp.max(x, axis=-1)
     top = jnp.where(jnp.isfinite(top), top, 0.0)                                   # [B, T]
-    # [B, T, K + 1]: a zero column (class K) that padding states gather, so that no mask follows
-    emit_all = _exp_nonpositive(jnp.pad(x, ((0, 0), (0, 0), (0, 1)), constant_values=-jnp.inf)
-                                - top[:, :, None])
     if log_probs:
         log_norm = jnp.zeros((batch, frames), jnp.float32)
         offset = top
     else:
-        total = jnp.sum(emit_all, axis=-1)
+        total = jnp.sum(jnp.exp(x - top[:, :, None]), axis=-1)   # (a plain exp: fused into the sum)
         offset = -jnp.log(jnp.where(total > 0, total, 1.0))
         log_norm = top - offset
-    rows = _time_major_gather(emit_all, jnp.where(lat.state_valid, jnp.clip(lat.ext, 0, classes - 1), classes))
+    # emissions gathered straight into loop order; padding states emit too (blank ids) but the
+    # loop masks what enters them (`enter`), so that no masked copy of the table is made
+    top_rows = jnp.concatenate([top.T, top[:, ::-1].T], axis=1)                       # [T, R]
+    rows = _exp_nonpositive(_time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1)) - top_rows[:, :, None])
     valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)  # [T, R]
     # Each row's emissions are divided by their sum inside the loop (largest >= 1/S), so that the
     # range below a frame's best state is ~80 nats even where the best class is no label.
@@ -372,8 +372,9 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     row_total = jnp.where(valid & (row_total > 0), row_total, 1.0)
     row_offset = jnp.concatenate([offset.T, offset[:, ::-1].T], axis=1) + jnp.log(row_total)
     row_offset = jnp.where(valid, row_offset, 0.0)
+    enter = jnp.concatenate([lat.state_valid, lat.state_valid[:, ::-1]], axis=0)
     last, table = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid, row_offset,
-                               lat.skip, block, store)
+                               lat.skip, enter, block, store)
     post, last_scale = last
     log_z = jnp.log(jnp.sum(jnp.where(lat.final, post, 0.0), axis=-1)) + last_scale
     if not store:
@@ -396,10 +397,10 @@ def _time_major_gather(table, ids):
     return table.reshape(-1)[flat.reshape(-1)].reshape(frames, 2 * batch, states)
 
 
-def _scaled_loop(init, rows, gain, valid, offset, skip, block: int, store: bool):
-    """Scaled recursion over rows [T, R, S] with emissions rows * gain[..., None] (gain, valid,
-    offset [T, R]; offset = the log-factor that the gained emissions lack), renormalised at the
-    start of every block of frames.
+def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store: bool):
+    """Scaled recursion over rows [T, R, S] with emissions rows * gain[..., None] * enter (gain,
+    valid, offset [T, R]; offset = the log-factor that the gained emissions lack; enter [R, S]
+    bool: the states that exist), renormalised at the start of every block of frames.
 
     The carry is (x [R, S] unnormalised, its row sum [R], its log-scale c [R]: the true value is
     x * exp(c)); each block starts by dividing x by the sum inside the fused step, so that a
@@ -425,7 +426,8 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, block: int, store: bool)
         increment = jnp.log(norm)
         stored = []
         for j in range(block_rows.shape[0]):
-            x, incoming = scaled_ctc_step(x, block_rows[j] * block_gain[j][:, None], block_valid[j], skip)
+            emit = jnp.where(enter, block_rows[j] * block_gain[j][:, None], 0.0)
+            x, incoming = scaled_ctc_step(x, emit, block_valid[j], skip)
             increment = increment + block_offset[j]
             if store:
                 stored.append(jnp.concatenate([jnp.where(forward_row, x, incoming), increment[:, None]], axis=1))

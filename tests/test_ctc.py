@@ -426,3 +426,20 @@ def test_fsa_ops_entry_point_is_the_same_function():
     fp, lpad = paddings_from_lengths([10, 9, 5, 7], T), paddings_from_lengths([4, 2, 1, 0], N)
     np.testing.assert_allclose(np.asarray(ctc_nll(logits, fp, labels, lpad, method="log")),
                                np.asarray(loss_and_grad(logits, fp, labels, lpad)[0]), rtol=1e-6)
+
+
+def test_scaled_method_with_many_padding_labels():
+    """Short label sequences in a wide label bucket: the forward rows' padding states must stay
+    empty (otherwise the mass that reaches them grows combinatorially over the frames, dominates
+    the per-frame normaliser and flushes the real states)."""
+    rng = np.random.default_rng(17)
+    b, t, k, n = 2, 400, 6, 60
+    logits = rng.normal(size=(b, t, k)).astype(np.float32)
+    labels = rng.integers(1, k, size=(b, n)).astype(np.int32)
+    frame_lengths, label_lengths = np.array([400, 300]), np.array([2, 5])
+    fp, lpad = paddings_from_lengths(frame_lengths, t), paddings_from_lengths(label_lengths, n)
+    loss, grad = jax.jit(jax.value_and_grad(lambda x: jnp.sum(ctc_nll(x, fp, labels, lpad, method="scaled"))))(
+        jnp.asarray(logits))
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
+    np.testing.assert_allclose(float(loss), float(np.sum(ref_loss)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-4)
