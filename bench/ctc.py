@@ -5,8 +5,9 @@
 Every implementation computes sum(loss) and its gradient w.r.t. the logits [B, T, K] (float32), from
 the same random logits, labels and padding (frame lengths 80-100% of T, label lengths 50-100% of N).
 jasr/optax run as one jitted value_and_grad; torch runs log_softmax + ctc_loss + backward.
-After two warm-up calls each, the implementations alternate call by call; the median of --reps
-wall-clock timings is reported. Peak memory: the rise of the process's peak RSS (VmHWM, reset
+After two warm-up calls each, the implementations alternate call by call (the order shuffled every
+round); the median of at least --reps wall-clock timings (more for fast shapes, --min-seconds) is
+reported. Peak memory: the rise of the process's peak RSS (VmHWM, reset
 through /proc/self/clear_refs) during one call, and for the JAX programs XLA's own buffer
 assignment (temporaries + outputs, from compiled.memory_analysis()).
 """
@@ -35,6 +36,15 @@ from jasr.losses import ctc_loss  # noqa: E402
 
 LOAD_BEFORE = os.getloadavg()
 SHAPES = [(8, 100, 32, 20), (32, 250, 32, 60), (16, 500, 500, 80), (8, 1000, 1000, 150), (4, 1500, 5000, 100)]
+
+
+MAX_REPS = 301
+
+
+def _time_once(run):
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 def make_inputs(batch, frames, classes, max_labels, seed=0):
@@ -101,7 +111,9 @@ def mib(n):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=7, help="minimum timed calls per implementation and shape")
+    parser.add_argument("--min-seconds", type=float, default=1.0,
+                        help="more reps (up to %d) until each implementation ran about this long" % MAX_REPS)
     parser.add_argument("--shapes", nargs="*", default=None, help="B,T,K,N entries")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ctc.md"))
     parser.add_argument("--note", default="", help="extra line for the report (e.g. 'machine shared')")
@@ -130,15 +142,23 @@ def main():
             losses[name] = float(out[0])
         rss = {name: peak_rss_rise(runners[name]) for name in impls}
         times = {name: [] for name in impls}
-        for rep in range(args.reps):
-            for name in impls:
+        # Small shapes take ~1 ms a call and the machine's noise is 10-40%: run at least
+        # --min-seconds per implementation. The order is shuffled every round, so that no
+        # implementation always runs right after torch (a JAX call right after torch's is ~20% slower).
+        slowest = max(_time_once(runners[name]) for name in impls)
+        reps = max(args.reps, min(MAX_REPS, int(args.min_seconds / max(slowest, 1e-6))))
+        shuffle = np.random.default_rng(0)
+        for rep in range(reps):
+            order = [impls[i] for i in shuffle.permutation(len(impls))]
+            for name in order:
                 start = time.perf_counter()
                 runners[name]()
                 times[name].append(time.perf_counter() - start)
-            print(f"  rep {rep + 1}/{args.reps}: " + "  ".join(f"{n} {times[n][-1] * 1e3:.2f}ms" for n in impls),
-                  flush=True)
+            if rep < 3 or (rep + 1) % max(1, reps // 5) == 0:
+                print(f"  rep {rep + 1}/{reps}: " + "  ".join(f"{n} {times[n][-1] * 1e3:.2f}ms" for n in impls),
+                      flush=True)
         med = {name: statistics.median(times[name]) * 1e3 for name in impls}
-        rows.append(dict(shape=shape, med=med, rss=rss, xla=xla_mem, losses=losses))
+        rows.append(dict(shape=shape, med=med, rss=rss, xla=xla_mem, losses=losses, reps=reps))
         print("  median ms: " + "  ".join(f"{n} {med[n]:.2f}" for n in impls)
               + "  | sum-loss " + "  ".join(f"{n} {losses[n]:.3f}" for n in impls), flush=True)
 
@@ -150,16 +170,16 @@ def main():
         f"optax {optax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads).",
         "",
         "sum(loss) and d/d(logits) of float32 logits [B, T, K]; frame lengths 80-100% of T, label lengths "
-        "50-100% of N. Median wall-clock of "
-        f"{args.reps} alternating calls after warm-up. `jasr` = `jasr.ctc_loss` with its default method "
+        "50-100% of N. Median wall-clock of the alternating calls after warm-up (at least "
+        f"{args.reps} per implementation, more for fast shapes: reps column; the order shuffled every round). `jasr` = `jasr.ctc_loss` with its default method "
         "(shown in brackets: 'auto' for K <= 128, else 'log'); `log` = exact log-semiring recursion; "
         "`auto` = rescaled probabilities, recomputed with 'log' when the alpha/beta totals disagree "
         "(see fsa_ops/ctc.py). Ratios > 1 mean jasr (default) is faster. "
         "`rel. diff` = max over implementations of |sum-loss - torch| / torch (float32 everywhere).",
         "",
         "| B, T, K, N | jasr ms | log ms | auto ms | optax ms | torch ms | optax / jasr | torch / jasr "
-        "| rel. diff | peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| rel. diff | reps | peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         m, rss, xla, losses = r["med"], r["rss"], r["xla"], r["losses"]
@@ -167,7 +187,7 @@ def main():
         lines.append(
             f"| {', '.join(map(str, r['shape']))} | {m['jasr']:.2f} ({default_method(r['shape'][2])}) "
             f"| {m['jasr log']:.2f} | {m['jasr auto']:.2f} | {m['optax']:.2f} "
-            f"| {m['torch']:.2f} | {m['optax'] / m['jasr']:.2f} | {m['torch'] / m['jasr']:.2f} | {rel:.1e} "
+            f"| {m['torch']:.2f} | {m['optax'] / m['jasr']:.2f} | {m['torch'] / m['jasr']:.2f} | {rel:.1e} | {r['reps']} "
             f"| {mib(rss['jasr'])} / {mib(rss['optax'])} / {mib(rss['torch'])} "
             f"| {mib(xla['jasr'])} / {mib(xla['optax'])} |")
     lines += [
