@@ -227,6 +227,20 @@ def _row_sum(x, weights=None):
     return jnp.dot(x, weights, precision=jax.lax.Precision.HIGHEST)
 
 
+# Up to this many frames a prefix sum over time is one product with a triangular matrix (one
+# kernel; XLA's CPU cumsum is a chain of ~6 reduce-window/pad/slice kernels, ~40 us at T = 100).
+_PREFIX_SUM_BY_PRODUCT = 512
+
+
+def _prefix_sum(x):
+    """Inclusive prefix sum over axis 0 of x [T, R] (float32)."""
+    frames = x.shape[0]
+    if frames > _PREFIX_SUM_BY_PRODUCT:
+        return jnp.cumsum(x, axis=0)
+    lower = (jnp.arange(frames)[:, None] >= jnp.arange(frames)[None, :]).astype(jnp.float32)
+    return jnp.dot(lower, x, precision=jax.lax.Precision.HIGHEST)
+
+
 def _extended_labels(labels, label_lengths, blank_id):
     """[B, N] labels -> ext [B, 2N+1] (blank-interleaved; padded positions hold the blank)."""
     batch, max_labels = labels.shape
@@ -373,13 +387,13 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     row_offset = jnp.concatenate([offset.T, offset[:, ::-1].T], axis=1) + jnp.log(row_total)
     row_offset = jnp.where(valid, row_offset, 0.0)
     enter = jnp.concatenate([lat.state_valid, lat.state_valid[:, ::-1]], axis=0)
-    last, table = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid, row_offset,
-                               lat.skip, enter, block, store)
+    last, tables = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid, row_offset,
+                                lat.skip, enter, block, store)
     post, last_scale = last
-    log_z = jnp.log(jnp.sum(jnp.where(lat.final, post, 0.0), axis=-1)) + last_scale
+    log_z = jnp.log(_row_sum(jnp.where(lat.final, post, 0.0))) + last_scale
     if not store:
         return None, log_z, log_norm
-    return (table, row_offset), log_z, log_norm
+    return tables + (row_offset,), log_z, log_norm
 
 
 def _time_major_gather(table, ids):
@@ -452,12 +466,13 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
         carry, table = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
         tables.append(table)
     x, norm, scale = carry
-    table = None
+    outs = None
     if store:
         table = tables[0] if len(tables) == 1 else jnp.concatenate(tables, axis=0)
-        scale = jnp.sum(table[:, :, states], axis=0)
+        scales = _prefix_sum(table[:, :, states])
+        scale, outs = scales[-1], (table, scales)
     norm = jnp.where(norm > 0, norm, 1.0)
-    return (x * (1.0 / norm)[:, None], scale + jnp.log(norm)), table
+    return (x * (1.0 / norm)[:, None], scale + jnp.log(norm)), outs
 
 
 def _total_only_loop(step, renormalise, init, table, lat: _Lattice, block: int):
@@ -631,12 +646,11 @@ def _log_occupancy(lat: _Lattice, tables, log_z):
 
 
 def _scaled_occupancy(lat: _Lattice, tables, log_z):
-    table, row_offset = tables                      # [T, R, S + 1], [T, R] in loop coordinates
+    table, scale, row_offset = tables       # [T, R, S + 1], [T, R] log-scales, [T, R] offsets (loop order)
     batch, _, _, states = lat.shape
     alpha = jnp.swapaxes(table[:, :batch, :states], 0, 1)                          # [B, T, S]
     beta = jnp.swapaxes(table[::-1, batch:, states - 1::-1], 0, 1)
     # forward values lack the running sum of column S, backward values that minus their step's offset
-    scale = jnp.cumsum(table[:, :, states], axis=0)                                    # [T, R]
     log_factor = (scale[:, :batch].T + (scale[::-1, batch:] - row_offset[::-1, batch:]).T
                   - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None])
     # the factor is split over both tables so that neither the factors nor the product overflow
