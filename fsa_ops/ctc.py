@@ -27,12 +27,20 @@ How it is computed (probability semiring; log-domain results):
     classes and 'log' above.
   * Exponentials of arguments below -80 are flushed to 0: float32 subnormals are ~50x slower on
     x86 and such terms cannot change a sum that contains exp(0) = 1.
+  * 'scaled' in detail (`_run_scaled`): emissions are ``exp(x - max_k x)`` gathered straight into
+    the loop's time-major order [T, 2B, S] (the frame's log-normaliser is added to a log-scale
+    instead of dividing), each row's emissions are divided by their sum, and every step divides
+    the carried row by its previous row sum (a matrix-vector product: on CPU much cheaper than a
+    reduction). The loop stores one [T, 2B, S+1] table: forward rows' new values, backward rows'
+    incoming sums, and each step's log-scale increment as column S; one prefix sum after the loop
+    turns the increments into log-scales.
   * The gradient (``jax.custom_vjp``) needs no further recursion: the loop stores alpha (including
     frame t) and beta before frame t's emission, so the occupancies are
-    ``gamma[t, s] = alpha[t, s] * beta_excl[t, s] / Z``; the tables' running log-scales are put back
-    per frame and gamma is renormalised over s within each frame (where it sums to 1), so that no
-    large log-scale enters. They are scatter-added onto the label ids. Memory is O(B*T*(2N+1))
-    besides the [B, T, K] gradient.
+    ``gamma[t, s] = alpha[t, s] * beta_excl[t, s] / Z``; the tables' log-scales are put back per
+    frame (split over both factors, so that neither overflows) and gamma is renormalised over s
+    within each frame (where it sums to 1), so that the rounding of long running sums cancels.
+    Blank occupancies are summed into the blank column, label occupancies scatter-added onto the
+    label ids. Memory is O(B*T*(2N+1)) besides the [B, T, K] gradient.
 
 Conventions: ``logit_paddings`` / ``label_paddings`` are optax-style (1.0 = padded, 0.0 = valid).
 Padded frames may sit anywhere (they are skipped, as in optax); labels must be right-padded.
@@ -54,7 +62,6 @@ __all__ = [
     "scaled_ctc_step",
     "log_ctc_step",
     "log_renormalise",
-    "scaled_renormalise",
     "METHODS",
     "default_method",
 ]
@@ -137,7 +144,8 @@ def check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id: i
 # with their states stored in reverse order (recursion position S-1-s holds state s). In those
 # coordinates every row takes mass from positions p-1 and p-2, so one step serves both directions
 # with no per-row select; `skip` [R, S] says where the two-position move is allowed. The steps do
-# not renormalise: `log_renormalise` / `scaled_renormalise` run once per block of frames.
+# not renormalise: 'log' calls `log_renormalise` once per block of frames, 'scaled' divides by the
+# row sum at the start of each block inside `_scaled_loop`.
 # --------------------------------------------------------------------------------------------
 def _shift(x, by: int, fill):
     """x[..., s - by] (by > 0) or x[..., s + |by|] (by < 0), `fill` shifted in (static `by`)."""
@@ -198,13 +206,6 @@ def scaled_ctc_step(alpha, emit, valid, skip):
     post = incoming * emit
     post = jnp.where(post > _TINY, post, 0.0)   # no subnormals (see _exp_nonpositive)
     return jnp.where(valid[:, None], post, alpha), incoming
-
-
-def scaled_renormalise(alpha):
-    """Divides every row by its max: returns (alpha / norm, log(norm) [R]) (norm 1 without mass)."""
-    norm = jnp.max(alpha, axis=-1)
-    norm = jnp.where(norm > 0, norm, 1.0)
-    return alpha * (1.0 / norm)[:, None], jnp.log(norm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,15 +335,18 @@ class _Lattice:
 
 
 # --------------------------------------------------------------------------------------------
-# The recursions. Both return (tables, log_z [R]) with tables = (alpha, beta, scale_f, scale_b):
-#   alpha [B, T, S]: forward score of frames 0..t ending in s (including frame t's emission);
-#   beta  [B, T, S]: backward score of frames t+1..T-1 from state s after frame t (frame t's
-#                    emission excluded), both in natural frame and state order;
-#   'log' stores logs, 'scaled' probabilities, renormalised per block of frames: the true log
-#   value is log(alpha[b, t]) + sum_{t' <= t} scale_f[b, t'] and
-#   log(beta[b, t]) + sum_{t' > t} scale_b[b, t'] (scale_* [B, T]).
-# log_z: total log-likelihood per row (rows b and B+b compute it independently).
-# Occupancies need no division by the emission: gamma[t, s] = alpha[t, s] * beta[t, s] / Z.
+# The recursions. Both return (tables, log_z [R]); log_z is the total log-likelihood per row (rows
+# b and B+b compute it independently). The tables are method-specific (read them only through
+# `ctc_occupancy`); both hold
+#   alpha: forward score of frames 0..t ending in s (including frame t's emission);
+#   beta:  backward score of frames t+1..T-1 from state s after frame t (frame t's emission
+#          excluded),
+# so that occupancies need no division by the emission: gamma[t, s] = alpha[t, s] * beta[t, s] / Z.
+# 'log' (`_run_log`): (alpha [B, T, S], beta [B, T, S], scale_f [B, T], scale_b [B, T]) in natural
+#   frame and state order, logs renormalised per block of frames: the true log value is
+#   alpha[b, t] + sum_{t' <= t} scale_f[b, t'] and beta[b, t] + sum_{t' > t} scale_b[b, t'].
+# 'scaled' (`_run_scaled`): (table [T, 2B, S+1], log_scale [T, 2B], row_offset [T, 2B]) in loop
+#   order (see `_scaled_loop`).
 # --------------------------------------------------------------------------------------------
 def _run_log(lat: _Lattice, lp, block: int, store: bool = True):
     """store=False: only log_z is needed; tables is None (see `_frame_loop`)."""
@@ -359,10 +363,11 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     ``exp(x - max_k x)`` (so the largest is 1 and no division is needed); the frame's offset to
     the true log-probabilities, ``max_k x - log_norm`` (``-log sum_k exp(x - max_k x)``), is added
     to the row's log-scale inside the loop. Returns (tables, log_z [R], log_norm [B, T]):
-    tables (store=True) = (values [T, R, S], log_scale [T, R]) in loop coordinates: at step u,
-    row b < B holds alpha of frame u (its emission included) and row B+b beta_excl of frame
-    T-1-u with its states reversed; the true log value is log(values) + log_scale. None with
-    store=False.
+    tables (store=True) = (table [T, R, S+1], log_scale [T, R], row_offset [T, R]) in loop
+    coordinates: at step u, row b < B holds alpha of frame u (its emission included) and row B+b
+    beta_excl of frame T-1-u with its states reversed; the true log value of a forward entry is
+    log(table) + log_scale, of a backward entry log(table) + log_scale - row_offset (column S
+    holds the loop's log-scale increments). None with store=False.
     """
     batch, frames, classes, states = lat.shape
     x = logits.astype(jnp.float32)
@@ -432,7 +437,7 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
 
     def run_block(carry, xs):
         # store=True: the log-scale is not carried (one update fewer per step); each stored row
-        # holds its increment instead and the caller sums them up (`_scaled_table_scales`)
+        # holds its increment instead and the caller sums them up (one prefix sum after the loop)
         x, norm, scale = carry
         block_rows, block_gain, block_valid, block_offset = xs
         norm = jnp.where(norm > 0, norm, 1.0)
@@ -578,13 +583,14 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
                          store_tables: bool = True):
     """Runs the fused forward-backward recursion (no input checks; see `ctc_nll`).
 
-    Returns (lattice, tables, log_z [B], used_log []): tables = (alpha [B, T, S], beta [B, T, S],
-    scale_f [B, T], scale_b [B, T]), see `_run_log` / `_run_scaled` for their meaning; log_z is the
-    total log-likelihood (-inf when no alignment fits). With method='auto', used_log says that the
+    Returns (lattice, tables, log_z [B], used_log []): tables are method-specific (the comment
+    above `_run_log` says what they hold) and meant for `ctc_occupancy`; log_z is the total
+    log-likelihood (-inf when no alignment fits). With method='auto', used_log says that the
     scaled run lost mass: log_z then comes from the log recursion, the tables stay those of the
     scaled run and `ctc_occupancy` recomputes them (so only [B] values, not tables, pass through
     `lax.cond`). store_tables=False: only log_z is computed (tables is None), in a loop that
-    writes no tables (`_total_only_loop`; faster when no gradient is wanted).
+    writes no tables (`_total_only_loop` / `_scaled_loop` with store=False; faster when no
+    gradient is wanted).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
