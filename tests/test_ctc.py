@@ -443,3 +443,21 @@ def test_scaled_method_with_many_padding_labels():
     ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
     np.testing.assert_allclose(float(loss), float(np.sum(ref_loss)), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-4)
+
+
+def test_auto_method_does_not_fall_back_on_long_sequences_with_small_vocabulary():
+    """Moderate logits at T = 250 (a bench shape): the scaled forward and backward totals must
+    agree to float32 rounding, so 'auto' keeps its fast path (a prefix sum that accumulated the
+    log-scales without centring was ~1e-3 nats off and silently doubled the cost)."""
+    rng = np.random.default_rng(0)
+    B, T, K, N = 32, 250, 32, 60
+    frame_lengths = rng.integers(int(0.8 * T), T + 1, size=B)
+    label_lengths = rng.integers(N // 2, N + 1, size=B)
+    labels = rng.integers(1, K, size=(B, N)).astype(np.int32)
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    logits = jnp.asarray(rng.normal(size=(B, T, K)).astype(np.float32))
+    *_, used_log = ctc_forward_backward(logits, fp, labels, lpad, method="auto")
+    assert not bool(used_log)
+    _, _, scaled_z, _ = ctc_forward_backward(logits, fp, labels, lpad, method="scaled")
+    _, _, log_z, _ = ctc_forward_backward(logits, fp, labels, lpad, method="log")
+    np.testing.assert_allclose(np.asarray(scaled_z), np.asarray(log_z), rtol=1e-6)
