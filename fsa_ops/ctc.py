@@ -29,8 +29,8 @@ How it is computed (probability semiring; log-domain results):
     x86 and such terms cannot change a sum that contains exp(0) = 1.
   * 'scaled' in detail (`_run_scaled`): emissions are ``exp(x - max_k x)`` gathered straight into
     the loop's time-major order [T, 2B, S] (the frame's log-normaliser is added to a log-scale
-    instead of dividing), each row's emissions are divided by their sum, and every step divides
-    the carried row by its previous row sum (a matrix-vector product: on CPU much cheaper than a
+    instead of dividing), each row's emissions are divided by their sum, and every block of frames
+    starts by dividing the carried row by its row sum (a matrix-vector product: on CPU much cheaper than a
     reduction). The loop stores one [T, 2B, S+1] table: forward rows' new values, backward rows'
     incoming sums, and each step's log-scale increment as column S; one prefix sum after the loop
     turns the increments into log-scales.
