@@ -21,8 +21,9 @@ How it is computed (probability semiring; log-domain results):
     that the best complete paths pass through often sit >80 nats below the frame's best prefix,
     and 'scaled' then loses most of the mass (measured: 5-70 nats wrong on the bench shapes with
     K >= 500). ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta
-    agree and that no alignable sequence lost its mass, and otherwise recomputes the batch with
-    'log' (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident
+    agree, that no alignable sequence lost its mass and that no emission of a valid state was
+    flushed (that one loses the same paths in both directions), and otherwise recomputes the
+    batch with 'log' (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident
     sequences). The default (method=None, `default_method`) is 'auto' for vocabularies up to 128
     classes and 'log' above.
   * Exponentials of arguments below -80 are flushed to 0: float32 subnormals are ~50x slower on
@@ -365,7 +366,8 @@ def _run_log(lat: _Lattice, lp, block: int, store: bool = True):
     return tables, log_z
 
 
-def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool = True):
+def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool = True,
+                mark_flushed: bool = False):
     """The rescaled recursion in one `lax.scan` over time-major rows (see `_scaled_loop`).
 
     Emissions are the logits' exponentials relative to each frame's largest logit,
@@ -377,6 +379,8 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     beta_excl of frame T-1-u with its states reversed; the true log value of a forward entry is
     log(table) + log_scale, of a backward entry log(table) + log_scale - row_offset (column S
     holds the loop's log-scale increments). None with store=False.
+    mark_flushed=True ('auto'): log_z is NaN in both directions of a sequence for which an
+    emission of a valid state was flushed (see the comment in the body).
     """
     batch, frames, classes, states = lat.shape
     x = logits.astype(jnp.float32)
@@ -392,15 +396,25 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     # emissions gathered straight into loop order; padding states emit too (blank ids) but the
     # loop masks what enters them (`enter`), so that no masked copy of the table is made
     top_rows = jnp.concatenate([top.T, top[:, ::-1].T], axis=1)                       # [T, R]
-    rows = _exp_nonpositive(_time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1)) - top_rows[:, :, None])
+    relative = _time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1)) - top_rows[:, :, None]
+    rows = _exp_nonpositive(relative)
     valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)  # [T, R]
+    enter = jnp.concatenate([lat.state_valid, lat.state_valid[:, ::-1]], axis=0)
+    if mark_flushed:
+        # An emission more than 80 nats below its frame's best class is flushed to 0 in both
+        # directions alike, so their totals agree even when a likely path needed it. Such entries
+        # (of valid states and frames of feasible sequences; exact zeros from -inf logits are no
+        # loss) are set to -1e30: the row total turns negative and its log NaN, and so does log_z
+        # in both directions, which `_needs_log_recursion` reads as lost mass (no extra reduction).
+        feasible = jnp.concatenate([lat.feasible, lat.feasible])[:, None]
+        lost = (relative <= _EXP_FLOOR) & (relative > -jnp.inf) & (enter & feasible) & valid[:, :, None]
+        rows = jnp.where(lost, -1e30, rows)
     # Each row's emissions are divided by their sum inside the loop (largest >= 1/S), so that the
     # range below a frame's best state is ~80 nats even where the best class is no label.
     row_total = _row_sum(rows)
-    row_total = jnp.where(valid & (row_total > 0), row_total, 1.0)
+    row_total = jnp.where(valid & (row_total != 0), row_total, 1.0)
     row_offset = jnp.concatenate([offset.T, offset[:, ::-1].T], axis=1) + jnp.log(row_total)
     row_offset = jnp.where(valid, row_offset, 0.0)
-    enter = jnp.concatenate([lat.state_valid, lat.state_valid[:, ::-1]], axis=0)
     last, tables = _scaled_loop(lat.start.astype(jnp.float32), rows, 1.0 / row_total, valid, row_offset,
                                 lat.skip, enter, block, store)
     post, last_scale = last
@@ -610,7 +624,8 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
         tables, log_z = _run_log(lat, lat.emissions(logits), block, store_tables)
         used_log = jnp.array(True)
     else:
-        tables, log_z, log_norm = _run_scaled(lat, logits, log_probs, block, store_tables)
+        tables, log_z, log_norm = _run_scaled(lat, logits, log_probs, block, store_tables,
+                                              mark_flushed=method == "auto")
         lat = lat.with_log_norm(log_norm)
         used_log = jnp.array(False)
         if method == "auto":   # (the fallback needs only log_z; ctc_occupancy recomputes tables)
@@ -631,14 +646,6 @@ def ctc_occupancy(lat: _Lattice, logits, tables, log_z, used_log, method: str = 
     and the result renormalised over s within each frame (where it sums to 1), so that the
     rounding of the long running sums cancels: float32 precision for any T.
     """
-    gamma, inv_total, _ = _occupancy_parts(lat, logits, tables, log_z, used_log, method, block)
-    return gamma * inv_total[:, :, None]
-
-
-def _occupancy_parts(lat: _Lattice, logits, tables, log_z, used_log, method: str, block: int):
-    """(gamma [B, T, S] before the per-frame renormalisation, 1/total [B, T] (0 where the frame is
-    padded, log_z infinite or the total 0), blank [B, T] = renormalised occupancy summed over the
-    blank states): what the gradient needs, with the two sums over s in one matrix product."""
     if method == "auto":
         return jax.lax.cond(
             used_log,
@@ -649,6 +656,26 @@ def _occupancy_parts(lat: _Lattice, logits, tables, log_z, used_log, method: str
     return _scaled_occupancy(lat, tables, log_z)
 
 
+def _occupancy_parts(lat: _Lattice, logits, tables, log_z, used_log, method: str, block: int):
+    """(label [B, T, N], blank [B, T]): the renormalised occupancies of the label states and their
+    sum over the blank states, what the gradient needs (0 where the frame is padded or log_z is
+    infinite). 'log' renormalises gamma in one fused pass; the scaled tables take the total and the
+    blank sum from one matrix product and scale only the label states."""
+    if method == "auto":
+        return jax.lax.cond(
+            used_log,
+            lambda: _parts_of_normalised(_log_occupancy(lat, _run_log(lat, lat.emissions(logits), block)[0], log_z)),
+            lambda: _scaled_parts(lat, tables, log_z))
+    if method == "log":
+        return _parts_of_normalised(_log_occupancy(lat, tables, log_z))
+    return _scaled_parts(lat, tables, log_z)
+
+
+def _parts_of_normalised(occupancy):
+    blank_weights = (jnp.arange(occupancy.shape[-1]) % 2 == 0).astype(jnp.float32)
+    return occupancy[:, :, 1::2], _row_sum(occupancy, blank_weights)
+
+
 def _log_occupancy(lat: _Lattice, tables, log_z):
     alpha, beta, scale_f, scale_b = tables
     # log of the factor that turns alpha * beta into gamma: forward scales of frames <= t,
@@ -657,10 +684,11 @@ def _log_occupancy(lat: _Lattice, tables, log_z):
     log_factor = log_factor - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None]
     # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
     gamma = _exp_nonpositive(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
-    return _with_totals(lat, gamma, log_z)
+    return _normalised(lat, gamma, log_z)
 
 
-def _scaled_occupancy(lat: _Lattice, tables, log_z):
+def _scaled_gamma(lat: _Lattice, tables, log_z):
+    """gamma [B, T, S] from the scaled tables, before the per-frame renormalisation."""
     table, scale, row_offset = tables       # [T, R, S + 1], [T, R] log-scales, [T, R] offsets (loop order)
     batch, _, _, states = lat.shape
     alpha = jnp.swapaxes(table[:, :batch, :states], 0, 1)                          # [B, T, S]
@@ -670,19 +698,36 @@ def _scaled_occupancy(lat: _Lattice, tables, log_z):
                   - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None])
     # the factor is split over both tables so that neither the factors nor the product overflow
     half = jnp.exp(jnp.clip(0.5 * log_factor, -80.0, 80.0))[:, :, None]
-    return _with_totals(lat, jnp.minimum((alpha * half) * (beta * half), 1e30), log_z)
+    return jnp.minimum((alpha * half) * (beta * half), 1e30)
 
 
-def _with_totals(lat: _Lattice, gamma, log_z):
-    """gamma [B, T, S] -> (gamma, 1/total, blank) of `_occupancy_parts`."""
+def _scaled_occupancy(lat: _Lattice, tables, log_z):
+    return _normalised(lat, _scaled_gamma(lat, tables, log_z), log_z)
+
+
+def _usable_inverse(lat: _Lattice, total, log_z):
+    """1/total [B, T] on valid frames of finite-log_z sequences with total > 0, else 0."""
+    usable = lat.frame_valid & jnp.isfinite(log_z)[:, None] & (total > 0)
+    return jnp.where(usable, 1.0 / jnp.where(usable, total, 1.0), 0.0)
+
+
+def _normalised(lat: _Lattice, gamma, log_z):
+    """gamma [B, T, S] renormalised to sum 1 over s (0 where `_usable_inverse` is 0)."""
+    inv_total = _usable_inverse(lat, _row_sum(gamma), log_z)[:, :, None]
+    return jnp.where(inv_total > 0, gamma * inv_total, 0.0)
+
+
+def _scaled_parts(lat: _Lattice, tables, log_z):
+    """`_occupancy_parts` of the scaled tables: total and blank sum from one [S, 2] product."""
+    gamma = _scaled_gamma(lat, tables, log_z)
     states = gamma.shape[-1]
     weights = jnp.stack([jnp.ones((states,), jnp.float32),
                          (jnp.arange(states) % 2 == 0).astype(jnp.float32)], axis=1)        # [S, 2]
     sums = jnp.dot(gamma, weights, precision=jax.lax.Precision.HIGHEST)                # [B, T, 2]
-    total = sums[..., 0]
-    usable = lat.frame_valid & jnp.isfinite(log_z)[:, None] & (total > 0)
-    inv_total = jnp.where(usable, 1.0 / jnp.where(usable, total, 1.0), 0.0)
-    return gamma, inv_total, sums[..., 1] * inv_total
+    inv_total = _usable_inverse(lat, sums[..., 0], log_z)
+    usable = inv_total > 0    # (gamma of unusable frames may be inf or NaN: select, not multiply)
+    return (jnp.where(usable[:, :, None], gamma[:, :, 1::2] * inv_total[:, :, None], 0.0),
+            jnp.where(usable, sums[..., 1] * inv_total, 0.0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -711,7 +756,7 @@ def _ctc_nll_fwd(logits, logit_paddings, labels, label_paddings, blank_id, log_p
 def _ctc_nll_bwd(blank_id, log_probs, method, block, residuals, upstream):
     logits, lat, tables, log_z, used_log = residuals
     batch, frames, classes, _ = lat.shape
-    gamma, inv_total, blank_occ = _occupancy_parts(lat, logits, tables, log_z, used_log, method, block)
+    label_occ, blank_occ = _occupancy_parts(lat, logits, tables, log_z, used_log, method, block)
     scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None]       # [B, 1]
     # d nll / d logits = softmax * g - g * occupancy summed onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
@@ -723,7 +768,7 @@ def _ctc_nll_bwd(blank_id, log_probs, method, block, residuals, upstream):
         grad = grad + jnp.where(lat.frame_valid[:, :, None], probs * scale[:, :, None], 0.0)
     if lat.shape[3] > 1:   # any label positions
         ids = jnp.clip(lat.ext[:, 1::2], 0, classes - 1)                          # [B, N]
-        label_occ = jnp.transpose(gamma[:, :, 1::2] * (-scale * inv_total)[:, :, None], (0, 2, 1))  # [B, N, T]
+        label_occ = jnp.transpose(label_occ * -scale[:, :, None], (0, 2, 1))          # [B, N, T]
         grad = grad.at[jnp.arange(batch)[:, None], :, ids].add(label_occ, mode="promise_in_bounds")
     return grad.astype(logits.dtype), None, None, None
 

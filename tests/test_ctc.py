@@ -185,6 +185,27 @@ def test_scaled_method_matches_torch_and_auto_falls_back_when_it_underflows():
     np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-3)   # logits ~1e3: float32 ulp 6e-5
 
 
+def test_auto_falls_back_when_the_likely_path_needs_a_flushed_emission():
+    """One label over 3 frames; at the middle frame the label is 81 nats below the frame's best
+    class (flushed by the scaled recursion in both directions alike, so their totals agree) and
+    the blank 79 below. The path that stays on the label (~ -82 nats) outweighs every path through
+    the blank (~ -120): 'scaled' misses it, 'auto' must notice and recompute (found by hypothesis:
+    the alpha/beta agreement check alone let it through)."""
+    logits = np.zeros((B, T, K), np.float32)
+    logits[0, 0, 1] = logits[0, 2, 1] = 40.0
+    logits[0, 1, :2] = (-79.0, -81.0)
+    frame_lengths, label_lengths = np.array([3, 0, 0, 0]), np.array([1, 0, 0, 0])
+    labels = np.zeros((B, N), np.int32)
+    labels[0, 0] = 1
+    fp, lpad = paddings_from_lengths(frame_lengths, T), paddings_from_lengths(label_lengths, N)
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
+    _, _, scaled_z, _ = ctc_forward_backward(jnp.asarray(logits), fp, labels, lpad, method="scaled")
+    assert -float(scaled_z[0]) > ref_loss[0] + 30    # the failure 'auto' guards against
+    *_, used_log = ctc_forward_backward(jnp.asarray(logits), fp, labels, lpad, method="auto")
+    assert bool(used_log)
+    loss, grad = loss_and_grad(logits, fp, labels, lpad, method="auto")
+    np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=1e-4)
 # ----------------------------------------------------------------------------------------------
 # Brute force and finite differences on tiny cases (every alignment enumerated)
 # ----------------------------------------------------------------------------------------------
