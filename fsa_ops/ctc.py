@@ -646,14 +646,9 @@ def ctc_occupancy(lat: _Lattice, logits, tables, log_z, used_log, method: str = 
     and the result renormalised over s within each frame (where it sums to 1), so that the
     rounding of the long running sums cancels: float32 precision for any T.
     """
-    if method == "auto":
-        return jax.lax.cond(
-            used_log,
-            lambda: _log_occupancy(lat, _run_log(lat, lat.emissions(logits), block)[0], log_z),
-            lambda: _scaled_occupancy(lat, tables, log_z))
-    if method == "log":
-        return _log_occupancy(lat, tables, log_z)
-    return _scaled_occupancy(lat, tables, log_z)
+    return _by_method(lat, logits, tables, used_log, method, block,
+                      lambda log_tables: _log_occupancy(lat, log_tables, log_z),
+                      lambda scaled_tables: _scaled_occupancy(lat, scaled_tables, log_z))
 
 
 def _occupancy_parts(lat: _Lattice, logits, tables, log_z, used_log, method: str, block: int):
@@ -661,14 +656,18 @@ def _occupancy_parts(lat: _Lattice, logits, tables, log_z, used_log, method: str
     sum over the blank states, what the gradient needs (0 where the frame is padded or log_z is
     infinite). 'log' renormalises gamma in one fused pass; the scaled tables take the total and the
     blank sum from one matrix product and scale only the label states."""
+    return _by_method(lat, logits, tables, used_log, method, block,
+                      lambda log_tables: _parts_of_normalised(_log_occupancy(lat, log_tables, log_z)),
+                      lambda scaled_tables: _scaled_parts(lat, scaled_tables, log_z))
+
+
+def _by_method(lat: _Lattice, logits, tables, used_log, method: str, block: int, from_log, from_scaled):
+    """from_log(log tables) or from_scaled(scaled tables), as `method` made `tables`; 'auto' that
+    fell back (used_log) recomputes the log tables inside a `lax.cond`."""
     if method == "auto":
-        return jax.lax.cond(
-            used_log,
-            lambda: _parts_of_normalised(_log_occupancy(lat, _run_log(lat, lat.emissions(logits), block)[0], log_z)),
-            lambda: _scaled_parts(lat, tables, log_z))
-    if method == "log":
-        return _parts_of_normalised(_log_occupancy(lat, tables, log_z))
-    return _scaled_parts(lat, tables, log_z)
+        return jax.lax.cond(used_log, lambda: from_log(_run_log(lat, lat.emissions(logits), block)[0]),
+                            lambda: from_scaled(tables))
+    return from_log(tables) if method == "log" else from_scaled(tables)
 
 
 def _parts_of_normalised(occupancy):
