@@ -5,11 +5,17 @@
 Every implementation computes sum(loss) and its gradient w.r.t. the logits [B, T, K] (float32), from
 the same random logits, labels and padding (frame lengths 80-100% of T, label lengths 50-100% of N).
 jasr/optax run as one jitted value_and_grad; torch runs log_softmax + ctc_loss + backward.
-After two warm-up calls each, the implementations alternate call by call (the order shuffled every
-round); the median of at least --reps wall-clock timings (more for fast shapes, --min-seconds) is
-reported. Peak memory: the rise of the process's peak RSS (VmHWM, reset
-through /proc/self/clear_refs) during one call, and for the JAX programs XLA's own buffer
-assignment (temporaries + outputs, from compiled.memory_analysis()).
+After two warm-up calls each, the implementations take turns in rounds (the order shuffled every
+round, so that machine drift hits all alike). In its turn an implementation runs one *cold* call
+(the first after another implementation's work) and then a short burst of *steady* calls (back to
+back, about --burst-ms in all, at least one); every call is timed. The tables report the median of
+the steady calls (the per-call cost of the computation) and, beside it, the median of the cold
+calls: after a few ms of other work every JAX call pays a fixed wake-up cost (measured here with a
+no-op jitted `x + 1` on the same logits, the `noop` column: ~0.1 ms back to back, 0.2-0.4 ms after
+2-10 ms of other work), which is no part of any CTC implementation but weighs most on the
+fastest one. At least --reps rounds (more for fast shapes, --min-seconds). Peak memory: the rise
+of the process's peak RSS (VmHWM, reset through /proc/self/clear_refs) during one call, and for the
+JAX programs XLA's own buffer assignment (temporaries + outputs, from compiled.memory_analysis()).
 """
 from __future__ import annotations
 
@@ -58,6 +64,16 @@ def make_inputs(batch, frames, classes, max_labels, seed=0):
     logit_paddings = (np.arange(frames)[None] >= frame_lengths[:, None]).astype(np.float32)
     label_paddings = (np.arange(max_labels)[None] >= label_lengths[:, None]).astype(np.float32)
     return logits, logit_paddings, labels, label_paddings, frame_lengths, label_lengths
+
+
+def noop_runner(logits):
+    """A jitted `x + 1` on the logits: what any JAX call costs besides its computation."""
+    fn = jax.jit(lambda x: x + 1.0)
+    x = jnp.asarray(logits)
+
+    def run():
+        return (jax.block_until_ready(fn(x)).sum(),)
+    return run
 
 
 def jax_runner(loss_fn, logits, logit_paddings, labels, label_paddings):
@@ -113,14 +129,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=7, help="minimum timed calls per implementation and shape")
     parser.add_argument("--min-seconds", type=float, default=1.0,
-                        help="more reps (up to %d) until each implementation ran about this long" % MAX_REPS)
+                        help="more rounds (up to %d) until each implementation ran about this long" % MAX_REPS)
+    parser.add_argument("--burst-ms", type=float, default=3.0,
+                        help="steady (back-to-back) calls per implementation and round: about this long, 1 to 8")
     parser.add_argument("--shapes", nargs="*", default=None, help="B,T,K,N entries")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ctc.md"))
     parser.add_argument("--note", default="", help="extra line for the report (e.g. 'machine shared')")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
 
-    impls = ["jasr", "jasr log", "jasr auto", "optax", "torch"]
+    impls = ["jasr", "jasr log", "jasr auto", "optax", "torch", "noop"]
     rows = []
     for shape in shapes:
         batch, frames, classes, max_labels = shape
@@ -134,33 +152,43 @@ def main():
             lambda *a: ctc_loss(*a, method="auto"), logits, fp, labels, lpad)
         runners["optax"], xla_mem["optax"] = jax_runner(optax.ctc_loss, logits, fp, labels, lpad)
         runners["torch"] = torch_runner(logits, labels, frame_lengths, label_lengths)
-        xla_mem["torch"] = float("nan")
+        runners["noop"] = noop_runner(logits)
+        xla_mem["torch"] = xla_mem["noop"] = float("nan")
         losses = {}
         for name in impls:   # warm-up (and a cross-check of the summed losses)
             out = runners[name]()
             runners[name]()
             losses[name] = float(out[0])
+        losses.pop("noop")
         rss = {name: peak_rss_rise(runners[name]) for name in impls}
-        times = {name: [] for name in impls}
+        steady = {name: [] for name in impls}
+        cold = {name: [] for name in impls}
         # Small shapes take ~1 ms a call and the machine's noise is 10-40%: run at least
         # --min-seconds per implementation. The order is shuffled every round, so that no
-        # implementation always runs right after torch (a JAX call right after torch's is ~20% slower).
-        slowest = max(_time_once(runners[name]) for name in impls)
-        reps = max(args.reps, min(MAX_REPS, int(args.min_seconds / max(slowest, 1e-6))))
+        # implementation always runs right after torch.
+        once = {name: _time_once(runners[name]) for name in impls}
+        burst = {name: int(np.clip(args.burst_ms * 1e-3 / max(once[name], 1e-6), 1, 8)) for name in impls}
+        per_round = max(once[name] * (1 + burst[name]) for name in impls if name != "noop")
+        reps = max(args.reps, min(MAX_REPS, int(args.min_seconds / max(per_round, 1e-6))))
         shuffle = np.random.default_rng(0)
         for rep in range(reps):
             order = [impls[i] for i in shuffle.permutation(len(impls))]
             for name in order:
-                start = time.perf_counter()
-                runners[name]()
-                times[name].append(time.perf_counter() - start)
+                for call in range(1 + burst[name]):
+                    start = time.perf_counter()
+                    runners[name]()
+                    (steady if call else cold)[name].append(time.perf_counter() - start)
             if rep < 3 or (rep + 1) % max(1, reps // 5) == 0:
-                print(f"  rep {rep + 1}/{reps}: " + "  ".join(f"{n} {times[n][-1] * 1e3:.2f}ms" for n in impls),
+                print(f"  round {rep + 1}/{reps} (steady, cold): "
+                      + "  ".join(f"{n} {steady[n][-1] * 1e3:.2f}/{cold[n][-1] * 1e3:.2f}ms" for n in impls),
                       flush=True)
-        med = {name: statistics.median(times[name]) * 1e3 for name in impls}
-        rows.append(dict(shape=shape, med=med, rss=rss, xla=xla_mem, losses=losses, reps=reps))
-        print("  median ms: " + "  ".join(f"{n} {med[n]:.2f}" for n in impls)
-              + "  | sum-loss " + "  ".join(f"{n} {losses[n]:.3f}" for n in impls), flush=True)
+        med = {name: statistics.median(steady[name]) * 1e3 for name in impls}
+        med_cold = {name: statistics.median(cold[name]) * 1e3 for name in impls}
+        rows.append(dict(shape=shape, med=med, cold=med_cold, rss=rss, xla=xla_mem, losses=losses, reps=reps,
+                         burst=burst))
+        print("  median ms (steady): " + "  ".join(f"{n} {med[n]:.2f}" for n in impls)
+              + "\n  median ms (cold):   " + "  ".join(f"{n} {med_cold[n]:.2f}" for n in impls)
+              + "\n  sum-loss " + "  ".join(f"{n} {losses[n]:.3f}" for n in losses), flush=True)
 
     lines = [
         "# CTC loss benchmark (CPU, forward + backward)",
@@ -170,24 +198,31 @@ def main():
         f"optax {optax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads).",
         "",
         "sum(loss) and d/d(logits) of float32 logits [B, T, K]; frame lengths 80-100% of T, label lengths "
-        "50-100% of N. Median wall-clock of the alternating calls after warm-up (at least "
-        f"{args.reps} per implementation, more for fast shapes: reps column; the order shuffled every round). `jasr` = `jasr.ctc_loss` with its default method "
+        "50-100% of N. Implementations take turns in rounds (order shuffled every round; at least "
+        f"{args.reps} rounds, more for fast shapes: rounds column); in its turn each runs one cold call "
+        "(right after another implementation's work) and then a burst of steady calls (back to back, "
+        f"~{args.burst_ms:g} ms, 1-8 calls). ms columns: median wall-clock of the steady calls; `cold` "
+        "columns: median of the cold calls; `noop` = a jitted `x + 1` on the same logits, steady / cold, "
+        "the fixed cost of any JAX call (its cold excess is no part of CTC). `jasr` = `jasr.ctc_loss` with its default method "
         "(shown in brackets: 'auto' for K <= 128, else 'log'); `log` = exact log-semiring recursion; "
         "`auto` = rescaled probabilities, recomputed with 'log' when the alpha/beta totals disagree "
         "(see fsa_ops/ctc.py). Ratios > 1 mean jasr (default) is faster. "
         "`rel. diff` = max over implementations of |sum-loss - torch| / torch (float32 everywhere).",
         "",
         "| B, T, K, N | jasr ms | log ms | auto ms | optax ms | torch ms | optax / jasr | torch / jasr "
-        "| rel. diff | reps | peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| cold: jasr / optax ms | cold: optax / jasr | noop ms (steady / cold) "
+        "| rel. diff | rounds | peak RSS rise MiB (jasr / optax / torch) | XLA temp+out MiB (jasr / optax) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
-        m, rss, xla, losses = r["med"], r["rss"], r["xla"], r["losses"]
-        rel = max(abs(losses[n] - losses["torch"]) / abs(losses["torch"]) for n in impls)
+        m, c, rss, xla, losses = r["med"], r["cold"], r["rss"], r["xla"], r["losses"]
+        rel = max(abs(losses[n] - losses["torch"]) / abs(losses["torch"]) for n in losses)
         lines.append(
             f"| {', '.join(map(str, r['shape']))} | {m['jasr']:.2f} ({default_method(r['shape'][2])}) "
             f"| {m['jasr log']:.2f} | {m['jasr auto']:.2f} | {m['optax']:.2f} "
-            f"| {m['torch']:.2f} | {m['optax'] / m['jasr']:.2f} | {m['torch'] / m['jasr']:.2f} | {rel:.1e} | {r['reps']} "
+            f"| {m['torch']:.2f} | {m['optax'] / m['jasr']:.2f} | {m['torch'] / m['jasr']:.2f} "
+            f"| {c['jasr']:.2f} / {c['optax']:.2f} | {c['optax'] / c['jasr']:.2f} | {m['noop']:.2f} / {c['noop']:.2f} "
+            f"| {rel:.1e} | {r['reps']} "
             f"| {mib(rss['jasr'])} / {mib(rss['optax'])} / {mib(rss['torch'])} "
             f"| {mib(xla['jasr'])} / {mib(xla['optax'])} |")
     lines += [
@@ -216,11 +251,11 @@ def main():
         fig, ax = plt.subplots(figsize=(9, 4.5))
         width = 0.16
         xs = np.arange(len(rows))
-        for i, name in enumerate(impls):
+        for i, name in enumerate(impls[:5]):
             ax.bar(xs + (i - 2) * width, [r["med"][name] for r in rows], width, label=name)
         ax.set_xticks(xs, ["B,T,K,N=\n" + ",".join(map(str, r["shape"])) for r in rows], fontsize=8)
         ax.set_yscale("log")
-        ax.set_ylabel("forward+backward, ms (median, log scale)")
+        ax.set_ylabel("forward+backward, ms (median of steady calls, log scale)")
         ax.set_title("CTC loss on CPU: jasr vs optax vs torch")
         ax.legend()
         fig.tight_layout()

@@ -33,8 +33,10 @@ How it is computed (probability semiring; log-domain results):
     instead of dividing), each row's emissions are divided by their sum, and every block of frames
     starts by dividing the carried row by its row sum (a matrix-vector product: on CPU much cheaper than a
     reduction). The loop stores one [T, 2B, S+1] table: forward rows' new values, backward rows'
-    incoming sums, and each step's log-scale increment as column S; one prefix sum after the loop
-    turns the increments into log-scales.
+    incoming sums, and each step's log-scale increment as column S; it writes it over the gathered
+    emission rows (gathered with a spare column S), each frame after reading it, so that no
+    zero-filled output buffer is made (at (32, 250, 32, 60) ~10% of the call). One prefix sum
+    after the loop turns the increments into log-scales.
   * The gradient (``jax.custom_vjp``) needs no further recursion: the loop stores alpha (including
     frame t) and beta before frame t's emission, so the occupancies are
     ``gamma[t, s] = alpha[t, s] * beta_excl[t, s] / Z``; the tables' log-scales are put back per
@@ -396,7 +398,8 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     # emissions gathered straight into loop order; padding states emit too (blank ids) but the
     # loop masks what enters them (`enter`), so that no masked copy of the table is made
     top_rows = jnp.concatenate([top.T, top[:, ::-1].T], axis=1)                       # [T, R]
-    relative = _time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1)) - top_rows[:, :, None]
+    # (store: one spare column S, which the loop overwrites with the log-scale increments)
+    relative = _time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1), spare=store) - top_rows[:, :, None]
     rows = _exp_nonpositive(relative)
     valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)  # [T, R]
     enter = jnp.concatenate([lat.state_valid, lat.state_valid[:, ::-1]], axis=0)
@@ -406,12 +409,14 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
         # (of valid states and frames of feasible sequences; exact zeros from -inf logits are no
         # loss) are set to -1e30: the row total turns negative and its log NaN, and so does log_z
         # in both directions, which `_needs_log_recursion` reads as lost mass (no extra reduction).
-        feasible = jnp.concatenate([lat.feasible, lat.feasible])[:, None]
-        lost = (relative <= _EXP_FLOOR) & (relative > -jnp.inf) & (enter & feasible) & valid[:, :, None]
+        entered = enter & jnp.concatenate([lat.feasible, lat.feasible])[:, None]
+        if store:
+            entered = jnp.concatenate([entered, jnp.zeros_like(entered[:, :1])], axis=1)
+        lost = (relative <= _EXP_FLOOR) & (relative > -jnp.inf) & entered & valid[:, :, None]
         rows = jnp.where(lost, -1e30, rows)
     # Each row's emissions are divided by their sum inside the loop (largest >= 1/S), so that the
     # range below a frame's best state is ~80 nats even where the best class is no label.
-    row_total = _row_sum(rows)
+    row_total = _row_sum(rows, (jnp.arange(rows.shape[2]) < states).astype(jnp.float32))
     row_total = jnp.where(valid & (row_total != 0), row_total, 1.0)
     row_offset = jnp.concatenate([offset.T, offset[:, ::-1].T], axis=1) + jnp.log(row_total)
     row_offset = jnp.where(valid, row_offset, 0.0)
@@ -424,25 +429,28 @@ def _run_scaled(lat: _Lattice, logits, log_probs: bool, block: int, store: bool 
     return tables + (row_offset,), log_z, log_norm
 
 
-def _time_major_gather(table, ids):
+def _time_major_gather(table, ids, spare: bool = False):
     """table [B, T, C], ids [B, S] in [0, C) -> rows [T, 2B, S] in loop order: row b =
-    table[b, t, ids[b]], row B+b = table[b, T-1-t, ids[b, ::-1]] (one gather, no transposes)."""
+    table[b, t, ids[b]], row B+b = table[b, T-1-t, ids[b, ::-1]] (one gather, no transposes).
+    spare=True: [T, 2B, S+1], column S a copy of column S-1 (room for the loop's own column)."""
     batch, frames, columns = table.shape
     states = ids.shape[1]
     step = jnp.arange(frames)[:, None, None]
     row = jnp.arange(2 * batch)[None, :, None]
-    pos = jnp.arange(states)[None, None, :]
+    pos = jnp.minimum(jnp.arange(states + spare), states - 1)[None, None, :]
     forward = row < batch
     b = jnp.where(forward, row, row - batch)
     t = jnp.where(forward, step, frames - 1 - step)
     flat = (b * frames + t) * columns + ids[b, jnp.where(forward, pos, states - 1 - pos)]
-    return table.reshape(-1)[flat.reshape(-1)].reshape(frames, 2 * batch, states)
+    return table.reshape(-1)[flat.reshape(-1)].reshape(frames, 2 * batch, states + spare)
 
 
 def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store: bool):
     """Scaled recursion over rows [T, R, S] with emissions rows * gain[..., None] * enter (gain,
     valid, offset [T, R]; offset = the log-factor that the gained emissions lack; enter [R, S]
-    bool: the states that exist), renormalised at the start of every block of frames.
+    bool: the states that exist), renormalised at the start of every block of frames. With
+    store=True, rows is [T, R, S+1] (column S unused) and the table is written over it, block by
+    block after the block's rows are read, so that no zero-filled output buffer is needed.
 
     The carry is (x [R, S] unnormalised, its row sum [R], its log-scale c [R]: the true value is
     x * exp(c)); each block starts by dividing x by the sum inside the fused step, so that a
@@ -454,7 +462,8 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
     incoming sum, with the log-scale that the forward value lacks as column S (the backward rows'
     value lacks that minus the step's offset).
     """
-    frames, num_rows, states = rows.shape
+    frames, num_rows = rows.shape[:2]
+    states = init.shape[1]
     forward_row = (jnp.arange(num_rows) < num_rows // 2)[:, None]
     ones = jnp.broadcast_to(1.0 + 0.0 * gain[0, 0], (states,))
 
@@ -468,7 +477,7 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
         increment = jnp.log(norm)
         stored = []
         for j in range(block_rows.shape[0]):
-            emit = jnp.where(enter, block_rows[j] * block_gain[j][:, None], 0.0)
+            emit = jnp.where(enter, block_rows[j, :, :states] * block_gain[j][:, None], 0.0)
             x, incoming = scaled_ctc_step(x, emit, block_valid[j], skip)
             increment = increment + block_offset[j]
             if store:
@@ -480,27 +489,35 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
 
     blocks, rest = divmod(frames, block)
     carry = (init, jnp.ones((num_rows,), jnp.float32), jnp.zeros((num_rows,), jnp.float32))
-    tables = []
+    if store:
+        def in_place(t0, size, state):
+            x, norm, buf = state
+            at = lambda a: jax.lax.dynamic_slice_in_dim(a, t0, size, 0, allow_negative_indices=False)
+            (x, norm, _), out = run_block((x, norm, None), (at(buf), at(gain), at(valid), at(offset)))
+            return x, norm, jax.lax.dynamic_update_slice_in_dim(buf, out, t0, 0, allow_negative_indices=False)
+
+        state = (init, carry[1], rows)
+        if blocks:
+            state = jax.lax.fori_loop(0, blocks, lambda i, st: in_place(i * block, block, st), state)
+        if rest:
+            state = in_place(blocks * block, rest, state)
+        x, norm, table = state
+        scales = _prefix_sum(table[:, :, states])
+        norm = jnp.where(norm > 0, norm, 1.0)
+        return (x * (1.0 / norm)[:, None], scales[-1] + jnp.log(norm)), (table, scales)
+    # store=False: the log-scale is carried, nothing is written
     if blocks == frames:   # one frame per step: no [T, 1, ...] reshapes (they cost layout copies)
-        carry, table = jax.lax.scan(lambda c, xs: run_block(c, jax.tree.map(lambda a: a[None], xs)), carry,
-                                    (rows, gain, valid, offset))
-        tables.append(None if table is None else table[:, 0])
+        carry, _ = jax.lax.scan(lambda c, xs: run_block(c, jax.tree.map(lambda a: a[None], xs)), carry,
+                                (rows, gain, valid, offset))
     elif blocks:
         split = lambda a: a[:blocks * block].reshape((blocks, block) + a.shape[1:])
-        carry, table = jax.lax.scan(run_block, carry, (split(rows), split(gain), split(valid), split(offset)))
-        tables.append(None if table is None else table.reshape((blocks * block,) + table.shape[2:]))
+        carry, _ = jax.lax.scan(run_block, carry, (split(rows), split(gain), split(valid), split(offset)))
     if rest:
         tail = blocks * block
-        carry, table = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
-        tables.append(table)
+        carry, _ = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
     x, norm, scale = carry
-    outs = None
-    if store:
-        table = tables[0] if len(tables) == 1 else jnp.concatenate(tables, axis=0)
-        scales = _prefix_sum(table[:, :, states])
-        scale, outs = scales[-1], (table, scales)
     norm = jnp.where(norm > 0, norm, 1.0)
-    return (x * (1.0 / norm)[:, None], scale + jnp.log(norm)), outs
+    return (x * (1.0 / norm)[:, None], scale + jnp.log(norm)), None
 
 
 def _total_only_loop(step, renormalise, init, table, lat: _Lattice, block: int):
