@@ -10,9 +10,9 @@ round, so that machine drift hits all alike). In its turn an implementation runs
 (the first after another implementation's work) and then a short burst of *steady* calls (back to
 back, about --burst-ms in all, at least one); every call is timed. The tables report the median of
 the steady calls (the per-call cost of the computation) and, beside it, the median of the cold
-calls: after a few ms of other work every JAX call pays a fixed wake-up cost (measured here with a
-no-op jitted `x + 1` on the same logits, the `noop` column: ~0.1 ms back to back, 0.2-0.4 ms after
-2-10 ms of other work), which is no part of any CTC implementation but weighs most on the
+calls: after a few ms of other work every JAX call pays a fixed wake-up cost (the `noop` column, a
+jitted `x + 1` on the same logits, shows it: at the smallest shape ~0.05 ms back to back and
+~0.1-0.15 ms as a cold call), which is no part of any CTC implementation but weighs most on the
 fastest one. At least --reps rounds (more for fast shapes, --min-seconds). Peak memory: the rise
 of the process's peak RSS (VmHWM, reset through /proc/self/clear_refs) during one call, and for the
 JAX programs XLA's own buffer assignment (temporaries + outputs, from compiled.memory_analysis()).
@@ -127,7 +127,7 @@ def mib(n):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7, help="minimum timed calls per implementation and shape")
+    parser.add_argument("--reps", type=int, default=7, help="minimum rounds per shape (each: a cold call and a steady burst per implementation)")
     parser.add_argument("--min-seconds", type=float, default=1.0,
                         help="more rounds (up to %d) until each implementation ran about this long" % MAX_REPS)
     parser.add_argument("--burst-ms", type=float, default=3.0,
@@ -184,8 +184,7 @@ def main():
                       flush=True)
         med = {name: statistics.median(steady[name]) * 1e3 for name in impls}
         med_cold = {name: statistics.median(cold[name]) * 1e3 for name in impls}
-        rows.append(dict(shape=shape, med=med, cold=med_cold, rss=rss, xla=xla_mem, losses=losses, reps=reps,
-                         burst=burst))
+        rows.append(dict(shape=shape, med=med, cold=med_cold, rss=rss, xla=xla_mem, losses=losses, reps=reps))
         print("  median ms (steady): " + "  ".join(f"{n} {med[n]:.2f}" for n in impls)
               + "\n  median ms (cold):   " + "  ".join(f"{n} {med_cold[n]:.2f}" for n in impls)
               + "\n  sum-loss " + "  ".join(f"{n} {losses[n]:.3f}" for n in losses), flush=True)
