@@ -503,8 +503,7 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
             state = in_place(blocks * block, rest, state)
         x, norm, table = state
         scales = _prefix_sum(table[:, :, states])
-        norm = jnp.where(norm > 0, norm, 1.0)
-        return (x * (1.0 / norm)[:, None], scales[-1] + jnp.log(norm)), (table, scales)
+        return _normalised_last(x, norm, scales[-1]), (table, scales)
     # store=False: the log-scale is carried, nothing is written
     if blocks == frames:   # one frame per step: no [T, 1, ...] reshapes (they cost layout copies)
         carry, _ = jax.lax.scan(lambda c, xs: run_block(c, jax.tree.map(lambda a: a[None], xs)), carry,
@@ -515,9 +514,13 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, block: int, store
     if rest:
         tail = blocks * block
         carry, _ = run_block(carry, (rows[tail:], gain[tail:], valid[tail:], offset[tail:]))
-    x, norm, scale = carry
+    return _normalised_last(*carry), None
+
+
+def _normalised_last(x, norm, scale):
+    """(x / its row sum [R, S], its log-scale [R]) of the loop's last carry (rows without mass: sum 1)."""
     norm = jnp.where(norm > 0, norm, 1.0)
-    return (x * (1.0 / norm)[:, None], scale + jnp.log(norm)), None
+    return x * (1.0 / norm)[:, None], scale + jnp.log(norm)
 
 
 def _total_only_loop(step, renormalise, init, table, lat: _Lattice, block: int):
