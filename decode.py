@@ -48,16 +48,17 @@ def _parse(argv):
 
 
 def _utterances(opts, cfg, root):
+    """(name, utterances) to decode; utterances without a transcript carry jasr.run_data's placeholder."""
     from jasr.audio import audio_info
     from jasr.data import Utterance, read_folder, read_manifest
-    from jasr.training import load_split, split_manifests
+    from jasr.run_data import split_utterances, with_placeholder_transcripts
     if opts["split"]:
-        manifests = split_manifests(cfg, root)
-        return opts["split"], load_split(cfg, manifests, opts["split"])
+        return opts["split"], split_utterances(cfg, opts["split"], root)
     if opts["manifest"]:
         if not os.path.exists(opts["manifest"]):
             raise FileNotFoundError(f"--manifest: {opts['manifest']} does not exist")
-        return os.path.splitext(os.path.basename(opts["manifest"]))[0], read_manifest(opts["manifest"])
+        name = os.path.splitext(os.path.basename(opts["manifest"]))[0]
+        return name, with_placeholder_transcripts(read_manifest(opts["manifest"], allow_empty_text=True))
     utts = []
     for p in opts["files"]:
         if os.path.isdir(p):
@@ -71,7 +72,7 @@ def _utterances(opts, cfg, root):
         info = audio_info(p)
         utts.append(Utterance(id=os.path.splitext(os.path.basename(p))[0], audio_path=os.path.abspath(p),
                               text="", duration=info.duration, sample_rate=info.sample_rate))
-    return "files", utts
+    return "files", with_placeholder_transcripts(utts)
 
 
 def main(argv):
@@ -83,35 +84,25 @@ def main(argv):
     except ValueError as e:
         print(f"decode.py: error: {e}", file=sys.stderr)
         return 2
-    import dataclasses
     import time
 
-    from jasr.training import _eval_jit, enable_compilation_cache, evaluate, load_run, make_eval_loader
+    from jasr.training import enable_compilation_cache, evaluate_utterances, load_run
     root = os.path.dirname(os.path.abspath(__file__))
     enable_compilation_cache(root)
     try:
         run = load_run(opts["workdir"], checkpoint=opts["checkpoint"], root=root)
-        cfg, tok, task, state, step = run.config, run.tokenizer, run.task, run.state, run.step
-        if not task.has_decoder:
+        cfg, step = run.config, run.step
+        if not run.task.has_decoder:
             raise ValueError(f"{opts['workdir']} is a {cfg.model.name} run: it has no decoder to transcribe with "
                              f"(fine-tune it with configs/wav2vec2_ctc.py; its dev loss is in metrics.jsonl)")
         name, utts = _utterances(opts, cfg, root)
     except (ValueError, FileNotFoundError) as e:
         print(f"decode.py: error: {e}", file=sys.stderr)
         return 2
-    from jasr.training import batch_config, feature_config, label_fn_for
-    texts = {u.id: u.text for u in utts}
-    # utterances without a transcript are decoded with a placeholder label (the loader needs one)
-    placeholder = "<no transcript>"
-    utts = [u if u.text.strip() else dataclasses.replace(u, text=placeholder) for u in utts]
-    encode = label_fn_for(cfg, tok) or tok.encode
-    label_fn = (lambda text: [1] if text == placeholder else encode(text))
-    loader = make_eval_loader(cfg, utts, tok, feature_config(cfg), batch_config(cfg), edges=run.bucket_edges,
-                              label_fn=label_fn)
     print(f"[decode] {len(utts)} utterances of {name!r} with checkpoint step {step} of {opts['workdir']}",
           flush=True)
     t0 = time.time()
-    m, results = evaluate(state, _eval_jit(task), loader, tok, {k: v for k, v in texts.items() if v.strip()})
+    m, results = evaluate_utterances(run, utts)
     dt = time.time() - t0
     out_path = opts["output"] or os.path.join(opts["workdir"], f"decode_{name}.jsonl")
     with open(out_path, "w") as f:

@@ -20,7 +20,6 @@ def get_config():
     m.encoder = dict(d_model=96, num_layers=4, num_heads=4, ff_mult=4, conv_kernel=15, subsampling=4,
                      subsampling_channels=32, dropout_rate=0.1, attention_dropout_rate=0.0, ff_dropout_rate=0.1)
     m.decoder = dict(type="transformer", num_layers=2, num_heads=4, ff_dim=384, dropout_rate=0.1)
-    m.normalize_length = True
     c.loss.type = "joint"
     c.loss.ctc_weight = 0.3
     c.loss.label_smoothing = 0.1

@@ -1,22 +1,24 @@
 """jasr: speech recognition in pure JAX.
 
 ``import jasr`` gives the user-facing names: the losses, audio loading and features, tokenizers, the data pipeline,
-decoding and metrics. Lattice algorithms live in :mod:`fsa_ops` (k2 names), networks in :mod:`models`; the training
-loop is :mod:`jasr.training` (driven by ``train.py``).
+decoding and metrics. Lattice algorithms live in :mod:`fsa_ops` (k2 names), networks in :mod:`models`; the model
+families in :mod:`jasr.tasks`, the pure train/eval steps in :mod:`jasr.steps`, a run's data in :mod:`jasr.run_data`
+and the training loop in :mod:`jasr.training` (driven by ``train.py``).
 """
 from jasr.audio import AudioError, audio_info, load_audio, resample
 from jasr.augment import AudioAugment, spec_augment
-from jasr.data import BatchConfig, ManifestError, Utterance, make_loader, read_folder, read_manifest, write_manifest
+from jasr.data import (BatchConfig, ManifestError, Utterance, compute_cmvn_stats, make_loader, read_folder,
+                       read_manifest, write_manifest)
 from jasr.decoding import ctc_greedy_decode, ctc_greedy_ids, ids_to_text
-from jasr.features import (CmvnStats, FeatureConfig, compute_cmvn_stats, compute_features, compute_features_jax,
-                           fbank, mfcc, num_frames, whisper_log_mel)
-from jasr.losses import ctc_loss
+from jasr.features import (CmvnStats, FeatureConfig, compute_features, compute_features_jax, fbank, mfcc, num_frames,
+                           whisper_log_mel)
+from jasr.losses import ctc_loss, joint_ctc_attention_loss, wav2vec2_ctc_loss
 from jasr.metrics import cer, wer
 from jasr.tokenizers import CharTokenizer, SentencePieceTokenizer, TokenizerError, WhisperTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
 __all__ = [
-    "ctc_loss",
+    "ctc_loss", "joint_ctc_attention_loss", "wav2vec2_ctc_loss",
     "AudioError", "audio_info", "load_audio", "resample", "AudioAugment", "spec_augment",
     "FeatureConfig", "CmvnStats", "compute_features", "compute_features_jax", "compute_cmvn_stats", "fbank", "mfcc",
     "whisper_log_mel", "num_frames",

@@ -6,7 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import soxr
+
+from jasr.audio import load_audio
 
 __all__ = ["spec_augment", "time_warp", "speed_perturb", "volume_perturb", "add_noise", "AudioAugment"]
 
@@ -15,14 +20,11 @@ __all__ = ["spec_augment", "time_warp", "speed_perturb", "volume_perturb", "add_
 # SpecAugment (device, jax).
 
 def _valid_lengths(paddings):
-    import jax.numpy as jnp
     return jnp.sum(1.0 - paddings.astype(jnp.float32), axis=1).astype(jnp.int32)
 
 
 def _masks_1d(key, size, limit, num_masks, max_width):
     """[num_masks] random intervals [start, start + w) inside [0, limit), w ~ U{0..max_width} -> mask [size] bool."""
-    import jax
-    import jax.numpy as jnp
     k_w, k_s = jax.random.split(key)
     max_w = jnp.minimum(jnp.asarray(max_width, jnp.int32), limit)
     widths = jax.random.randint(k_w, (num_masks,), 0, max_w + 1)
@@ -37,8 +39,6 @@ def time_warp(key, features, paddings, max_warp: int):
     Per example, a centre c in [W, L - W) (L = valid length) moves by w ~ U[-W, W]; valid frames are resampled
     piecewise-linearly (linear interpolation in time); padded frames are untouched. Examples with L <= 2W + 1 stay.
     """
-    import jax
-    import jax.numpy as jnp
     b, t, _ = features.shape
     lengths = _valid_lengths(paddings)
 
@@ -73,8 +73,6 @@ def spec_augment(key, features, paddings, *, num_freq_masks: int = 2, max_freq_w
     never absorbs a mask. Optional time warp (max_time_warp > 0) first. Masked cells get `mask_value`; padded
     frames are left as they were. Pure function of `key`; jit-able.
     """
-    import jax
-    import jax.numpy as jnp
     features = jnp.asarray(features)
     paddings = jnp.asarray(paddings)
     if features.ndim != 3 or paddings.shape != features.shape[:2]:
@@ -106,7 +104,6 @@ def speed_perturb(audio: np.ndarray, sample_rate: int, factor: float) -> np.ndar
 
     The signal is treated as if recorded at sample_rate * factor and resampled (soxr) to sample_rate.
     """
-    import soxr
     if factor <= 0:
         raise ValueError(f"speed factor must be positive, got {factor}")
     audio = np.asarray(audio, np.float32)
@@ -172,7 +169,6 @@ class AudioAugment:
         if self.noise_snr_db is not None and rng.random() < self.noise_prob:
             snr = float(rng.uniform(*self.noise_snr_db))
             if self.noise_files:
-                from jasr.audio import load_audio
                 noise = load_audio(self.noise_files[int(rng.integers(len(self.noise_files)))], sample_rate)
             else:
                 noise = rng.standard_normal(audio.shape[0])

@@ -4,14 +4,13 @@ A config file is a Python file with ``get_config()`` (or ``get_config(arg)`` for
 ``ConfigDict``; configs start from :func:`base_config`, which is also the schema: :func:`validate_config` rejects
 a key that the schema does not have (naming the closest one), a value of the wrong type, and values out of range,
 before any data is read or any model is built. The ``model`` section is checked against the fields of the chosen
-model's config dataclass (see :data:`MODEL_NAMES`).
+model's config dataclass, and the model family (:mod:`jasr.tasks`) checks the rest of what it needs.
 
 Command line (``ml_collections`` conventions): ``--config configs/x.py --config.optim.lr=3e-4 --workdir DIR``.
 """
 from __future__ import annotations
 
 import ast
-import dataclasses
 import difflib
 import importlib.util
 import json
@@ -20,16 +19,14 @@ from typing import Any, Sequence
 
 import ml_collections
 
-MODEL_NAMES = ("conformer_ctc", "conformer_aed", "wav2vec2_ctc", "wav2vec2_pretrain", "whisper")
+from jasr.errors import ConfigError
+from jasr.tasks import MODEL_NAMES, family
+
 LOSSES = ("ctc", "attention", "joint", "wav2vec2_pretrain")
 PRECISIONS = ("float32", "bfloat16")
 
 # Sections whose keys are free-form (names of splits -> manifest paths) or checked elsewhere (model fields).
 _OPEN_SECTIONS = ("data.eval_manifests", "model")
-
-
-class ConfigError(ValueError):
-    """A config key or value is wrong; the message names it."""
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -160,36 +157,6 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def model_config_class(name: str):
-    """The dataclass that holds the hyper-parameters of model `name` (imported lazily)."""
-    if name in ("conformer_ctc",):
-        from models.conformer import ConformerConfig
-        return ConformerConfig
-    if name == "conformer_aed":
-        from models.aed import AEDConfig
-        return AEDConfig
-    if name == "wav2vec2_ctc":
-        from models.wav2vec2 import Wav2Vec2Config
-        return Wav2Vec2Config
-    if name == "wav2vec2_pretrain":
-        from models.wav2vec2 import Wav2Vec2Config
-        return Wav2Vec2Config
-    if name == "whisper":
-        from models.whisper import WhisperConfig
-        return WhisperConfig
-    raise ConfigError(f"config 'model.name' must be one of {MODEL_NAMES}, got {name!r}")
-
-
-def model_fields(cfg: ml_collections.ConfigDict) -> dict:
-    """The model section minus ``name``, as a plain dict (tuples for lists)."""
-    out = {}
-    for k, v in cfg.model.items():
-        if k == "name":
-            continue
-        out[k] = v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
-    return out
-
-
 def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True, repo_root: str | None = None
                     ) -> None:
     """Raises :class:`ConfigError` naming the first bad key or value. Checks files exist if `check_paths`."""
@@ -232,10 +199,6 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     _require(0.0 <= l.ctc_weight <= 1.0, f"config 'loss.ctc_weight' must be in [0, 1], got {l.ctc_weight}")
     _require(0.0 <= l.label_smoothing < 1.0, f"config 'loss.label_smoothing' must be in [0, 1), "
                                              f"got {l.label_smoothing}")
-    compatible = {"conformer_ctc": ("ctc",), "wav2vec2_ctc": ("ctc",), "conformer_aed": ("attention", "joint"),
-                  "whisper": ("attention",), "wav2vec2_pretrain": ("wav2vec2_pretrain",)}[cfg.model.name]
-    _require(l.type in compatible, f"config 'loss.type'={l.type!r} does not fit model {cfg.model.name!r} "
-                                   f"(use one of {compatible})")
     _require(o.lr > 0, f"config 'optim.lr' must be > 0, got {o.lr}")
     _require(o.schedule in ("cosine", "noam", "constant"),
              f"config 'optim.schedule' must be 'cosine', 'noam' or 'constant', got {o.schedule!r}")
@@ -261,49 +224,18 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                                         f"got {t.precision!r}")
     _require(t.max_eval_batches >= 0 and t.stop_after >= 0, "config 'train.max_eval_batches' and "
                                                             "'train.stop_after' must be >= 0")
-    name = cfg.model.name
     _require(0 < l.min_gumbel_temperature <= l.max_gumbel_temperature,
              f"config 'loss.min_gumbel_temperature'={l.min_gumbel_temperature} must be > 0 and <= "
              f"'loss.max_gumbel_temperature'={l.max_gumbel_temperature}")
     _require(0 < l.gumbel_temperature_decay <= 1.0, f"config 'loss.gumbel_temperature_decay' must be in (0, 1], "
                                                    f"got {l.gumbel_temperature_decay}")
     _require(t.max_decode_tokens >= 0, f"config 'train.max_decode_tokens' must be >= 0, got {t.max_decode_tokens}")
-    if name in ("wav2vec2_ctc", "wav2vec2_pretrain"):
-        _require(d.feature == "raw", f"config 'data.feature' must be 'raw' for model {name!r} (it reads 16 kHz "
-                                     f"waveforms), got {d.feature!r}")
-        _require(d.sample_rate == 16000, f"config 'data.sample_rate' must be 16000 for {name!r}, got {d.sample_rate}")
-        _require(not d.spec_augment, f"config 'data.spec_augment' must be False for {name!r} (the model masks its "
-                                     f"own frames: model.mask_time_prob / mask_feature_prob)")
-    else:
-        _require(not t.freeze_feature_encoder, f"config 'train.freeze_feature_encoder' is for wav2vec2 models, "
-                                               f"not {name!r}")
-    if name == "whisper":
-        _require(d.feature == "whisper", f"config 'data.feature' must be 'whisper' for model 'whisper', "
-                                         f"got {d.feature!r}")
-        _require(d.normalize == "none", f"config 'data.normalize' must be 'none' for model 'whisper' (its log-mel "
-                                        f"is scaled already), got {d.normalize!r}")
-        _require(d.tokenizer != "char", "config 'data.tokenizer' must be a Whisper tokenizer for model 'whisper' "
-                                        "('whisper:multilingual', 'whisper:gpt2' or a tokenizer file), got 'char'")
-        _require(not d.spec_augment, "config 'data.spec_augment' is not supported for model 'whisper'")
-    if name in ("conformer_ctc", "conformer_aed"):
-        _require(not t.init_from, f"config 'train.init_from' is not supported for {name!r} (HF import exists for "
-                                  f"wav2vec2 and whisper)")
-    if name == "wav2vec2_ctc":
-        _require(d.tokenizer == "char", f"config 'data.tokenizer' must be 'char' for 'wav2vec2_ctc' (the CTC head "
-                                        f"is sized to jasr's character vocabulary, blank 0), got {d.tokenizer!r}")
     if t.init_from and check_paths:
         root = repo_root or os.getcwd()
         full = t.init_from if os.path.isabs(t.init_from) else os.path.join(root, t.init_from)
         _require(not os.path.isdir(full) or os.path.isfile(os.path.join(full, "config.json")),
                  f"config 'train.init_from': {t.init_from!r} is not a Hugging Face model directory (no config.json)")
-    # the model section: every key must be a field of the model's config dataclass
-    cls = model_config_class(cfg.model.name)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    if cfg.model.name == "whisper":
-        fields |= {"remat", "scan_layers"}          # WhisperModel options (not WhisperConfig fields)
-    for k in model_fields(cfg):
-        _require(k in fields, f"unknown config key 'model.{k}' for model {cfg.model.name!r}"
-                              f"{_suggest(k, sorted(fields))}")
+    family(cfg.model.name).check_config(cfg)
     if check_paths:
         root = repo_root or os.getcwd()
         paths = [("data.train_manifest", d.train_manifest), ("data.dev_manifest", d.dev_manifest),

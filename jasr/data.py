@@ -26,9 +26,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 import grain.python as grain
 import numpy as np
+from absl import flags
 
 from jasr.audio import AudioError, audio_info, load_audio
-from jasr.features import CmvnStats, FeatureConfig, compute_features, feature_dim, num_frames
+from jasr.features import (
+    CmvnStats,
+    FeatureConfig,
+    compute_features,
+    feature_dim,
+    num_frames,
+)
 
 __all__ = ["Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig",
            "AsrLoader", "make_loader", "plan_epoch", "AUDIO_EXTENSIONS"]
@@ -122,6 +129,34 @@ def read_manifest(path: str | os.PathLike, *, check_audio: bool = True,
                              sample_rate=int(sr) if sr else None,
                              speaker=str(d["speaker"]) if d.get("speaker") is not None else None, offset=offset))
     return out
+
+
+def compute_cmvn_stats(source, config: FeatureConfig, *, max_utterances: int | None = None,
+                       seed: int = 0) -> CmvnStats:
+    """Global CMVN over the un-normalised features of a data set.
+
+    source: a JSONL manifest path, a sequence of Utterance, or a sequence of audio file paths.
+    max_utterances: use a seeded random subset of that many (for large manifests).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        source = read_manifest(source)
+    items = list(source)
+    if not items:
+        raise ValueError("compute_cmvn_stats: no utterances")
+    if max_utterances is not None and len(items) > max_utterances:
+        pick = np.sort(np.random.default_rng(seed).choice(len(items), max_utterances, replace=False))
+        items = [items[i] for i in pick]
+    raw = dataclasses.replace(config, normalize="none")
+
+    def feats():
+        for it in items:
+            if isinstance(it, (str, os.PathLike)):
+                audio = load_audio(it, raw.sample_rate)
+            else:
+                audio = load_audio(it.audio_path, raw.sample_rate, offset=it.offset,
+                                   duration=it.duration if it.offset else None)
+            yield time_major(compute_features(audio, raw), raw)
+    return accumulate_cmvn(feats())
 
 
 def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike) -> None:
@@ -559,7 +594,6 @@ def _absl_flags_workaround():
     """grain 0.2.18 reads an absl flag when starting worker processes, which raises UnparsedFlagAccessError in
     programs that never parse absl flags (google/grain#1355, fixed upstream by #1361/#1362). Mark them parsed
     (defaults) if nobody has; a program that parses its flags with absl is unaffected."""
-    from absl import flags
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
 

@@ -29,6 +29,8 @@ import tempfile
 from typing import Sequence
 
 import numpy as np
+import soundfile as sf
+import soxr
 
 DIGIT_WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
 
@@ -184,7 +186,6 @@ def sample_utterance_spec(rng: np.random.Generator, split: str, cfg: DemoCorpusC
 
 def render_utterance(spec: dict, rng: np.random.Generator, sample_rate: int) -> np.ndarray:
     """Synthesises `spec` and applies gain, silence padding and noise; float32 in [-1, 1] at `sample_rate`."""
-    import soxr
 
     synth = get_synth()
     pcm = synth.synth(spec["text"].lower(), spec["voice"], spec["rate"], spec["pitch"], spec["pitch_range"])
@@ -214,7 +215,6 @@ def make_demo_corpus(root: str, cfg: DemoCorpusConfig = DemoCorpusConfig(), *, v
     Reuses an existing corpus only if its ``corpus.json`` fingerprint matches `cfg`; otherwise rebuilds it in a
     temporary sibling folder and renames it into place (atomic on POSIX).
     """
-    import soundfile as sf
 
     cfg.validate()
     root = os.path.abspath(root)

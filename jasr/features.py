@@ -20,12 +20,14 @@ import math
 import os
 from typing import Iterable, Literal
 
+import jax.numpy as jnp
 import numpy as np
+import scipy.sparse
 
 __all__ = [
     "FeatureConfig", "CmvnStats", "compute_features", "num_frames", "feature_dim",
     "fbank", "mfcc", "whisper_log_mel", "log_mel_spectrogram", "librosa_mfcc", "kaldi_mel_banks", "slaney_mel_filters", "feature_window",
-    "utterance_cmvn", "apply_cmvn", "accumulate_cmvn", "compute_cmvn_stats",
+    "utterance_cmvn", "apply_cmvn", "accumulate_cmvn", "time_major",
     "fbank_jax", "whisper_log_mel_jax", "compute_features_jax",
     "WHISPER_SAMPLE_RATE", "WHISPER_N_FFT", "WHISPER_HOP", "WHISPER_CHUNK_SAMPLES",
 ]
@@ -131,7 +133,6 @@ def feature_window(kind: str, length: int, blackman_coeff: float = 0.42) -> np.n
 
 @functools.lru_cache(maxsize=32)
 def _sparse_rows(key: tuple) -> "scipy.sparse.csr_matrix":
-    import scipy.sparse
     kind, args = key[0], key[1:]
     m = kaldi_mel_banks(*args).T if kind == "kaldi" else slaney_mel_filters(*args)
     return scipy.sparse.csr_matrix(m)
@@ -244,7 +245,6 @@ def _reflect(idx, n):
 
 
 def _jnp():
-    import jax.numpy as jnp
     return jnp
 
 
@@ -473,37 +473,8 @@ def accumulate_cmvn(features: Iterable[np.ndarray], *, min_std: float = 1e-5) ->
     return CmvnStats(mean, np.maximum(std, min_std), n)
 
 
-def compute_cmvn_stats(source, config: FeatureConfig, *, max_utterances: int | None = None,
-                       seed: int = 0) -> CmvnStats:
-    """Global CMVN over the un-normalised features of a data set.
-
-    source: a JSONL manifest path, a sequence of jasr.data.Utterance, or a sequence of audio file paths.
-    max_utterances: use a seeded random subset of that many (for large manifests).
-    """
-    from jasr.audio import load_audio  # same layer; local imports keep features free of file handling
-    if isinstance(source, (str, os.PathLike)):
-        from jasr.data import read_manifest
-        source = read_manifest(source)
-    items = list(source)
-    if not items:
-        raise ValueError("compute_cmvn_stats: no utterances")
-    if max_utterances is not None and len(items) > max_utterances:
-        pick = np.sort(np.random.default_rng(seed).choice(len(items), max_utterances, replace=False))
-        items = [items[i] for i in pick]
-    raw = dataclasses.replace(config, normalize="none")
-
-    def feats():
-        for it in items:
-            if isinstance(it, (str, os.PathLike)):
-                audio = load_audio(it, raw.sample_rate)
-            else:
-                audio = load_audio(it.audio_path, raw.sample_rate, offset=it.offset,
-                                   duration=it.duration if it.offset else None)
-            yield _features_2d(compute_features(audio, raw), raw)
-    return accumulate_cmvn(feats())
-
-
-def _features_2d(x, config):
+def time_major(x: np.ndarray, config: FeatureConfig) -> np.ndarray:
+    """Features as [T, F] (Whisper's [n_mels, T] transposed; others unchanged). Its own inverse."""
     return x.T if config.kind == "whisper" else x
 
 
@@ -543,7 +514,7 @@ def compute_features(audio: np.ndarray, config: FeatureConfig, *, cmvn: CmvnStat
         x = whisper_log_mel(a, config.num_mel_bins, pad_or_trim=config.whisper_pad_or_trim)
     if config.normalize == "none":
         return x
-    x2 = _features_2d(x, config)
+    x2 = time_major(x, config)
     if config.normalize == "utterance":
         y = utterance_cmvn(x2, variance=config.normalize_variance)
     else:
@@ -552,14 +523,13 @@ def compute_features(audio: np.ndarray, config: FeatureConfig, *, cmvn: CmvnStat
                 raise ValueError("normalize='global' needs CMVN stats: pass cmvn= or set FeatureConfig.cmvn_path")
             cmvn = CmvnStats.load(config.cmvn_path)
         y = apply_cmvn(x2, cmvn, variance=config.normalize_variance)
-    return _features_2d(y, config)
+    return time_major(y, config)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # jnp (device) features: same numbers as the numpy path, usable inside jit.
 
 def _lengths_from_paddings(audio, audio_paddings):
-    import jax.numpy as jnp
     if audio_paddings is None:
         return jnp.full(audio.shape[:1], audio.shape[1], jnp.int32)
     return jnp.sum(1.0 - audio_paddings.astype(jnp.float32), axis=1).astype(jnp.int32)
@@ -572,7 +542,6 @@ def fbank_jax(audio, audio_paddings=None, config: FeatureConfig = FeatureConfig(
     (features [B, T, F] float32, paddings [B, T]) with T = num_frames(S, config); frames that reach into
     padding are marked padded (and zeroed). Equal to `compute_features` per row (normalize="none").
     """
-    import jax.numpy as jnp
     if config.kind not in ("fbank", "mfcc"):
         raise ValueError(f"fbank_jax computes kind 'fbank' or 'mfcc', got {config.kind!r}")
     if config.dither != 0.0:
@@ -630,7 +599,6 @@ def whisper_log_mel_jax(audio, n_mels: int = 80, *, pad_or_trim: bool = True):
 
     Each row is normalised on its own (dynamic-range clamp over the row), as the feature extractor does per item.
     """
-    import jax.numpy as jnp
     a = jnp.asarray(audio, jnp.float32)
     if pad_or_trim:
         s = a.shape[-1]
@@ -657,7 +625,6 @@ def compute_features_jax(audio, audio_paddings, config: FeatureConfig, *, cmvn: 
     Whisper features come out as [B, T, n_mels] here (time-major like the others). Normalisation as configured;
     per-utterance CMVN uses only the valid frames.
     """
-    import jax.numpy as jnp
     if config.kind == "whisper":
         feats = jnp.swapaxes(whisper_log_mel_jax(audio, config.num_mel_bins, pad_or_trim=config.whisper_pad_or_trim),
                              -1, -2)

@@ -10,6 +10,7 @@ import math
 import os
 import time
 
+from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 
@@ -65,7 +66,6 @@ class TrainLogger:
         self._jsonl = open(self.jsonl_path, "a")
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=start_step + 1 if start_step else None)
         self._bar = tqdm(total=total_steps, initial=start_step, disable=not progress, dynamic_ncols=True,
                          unit="step", desc="train")

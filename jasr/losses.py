@@ -1,11 +1,17 @@
-"""Training losses. `ctc_loss` is the public face of the CTC forward-backward in `fsa_ops.ctc`."""
+"""Training losses: CTC (the public face of the forward-backward in :mod:`fsa_ops.ctc`), CTC summed over a batch
+with row weights, Hugging Face's Wav2Vec2ForCTC loss, label-smoothed attention losses and the joint CTC/attention
+loss of ESPnet/WeNet. Every formula lives here once; the model families in :mod:`jasr.tasks` combine them."""
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 
 from fsa_ops.ctc import METHODS, ctc_nll
 
-__all__ = ["ctc_loss"]
+__all__ = ["ctc_loss", "weighted_ctc_loss", "wav2vec2_ctc_loss", "label_smoothed_kl", "label_smoothed_nll",
+           "joint_ctc_attention_loss"]
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -56,3 +62,97 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
         label_lengths = jnp.sum(jnp.asarray(label_paddings) < 0.5, axis=1)
         return jnp.mean(loss / jnp.maximum(label_lengths, 1).astype(loss.dtype))
     return loss
+
+
+def weighted_ctc_loss(logits, logit_paddings, labels, label_paddings, row_weights, blank_id: int = 0):
+    """CTC summed over a batch whose rows carry weights (0 for the loader's padding rows).
+
+    logits [B, T, K] (any float dtype; the loss runs in float32), paddings as :func:`ctc_loss`, row_weights [B].
+    Returns (sum_b w_b * nll_b, sum_b w_b * label_count_b): the training loss is their ratio (per label token).
+    """
+    per_utt = ctc_loss(logits.astype(jnp.float32), logit_paddings, labels, label_paddings, blank_id)
+    tokens = jnp.sum((1.0 - label_paddings) * row_weights[:, None])
+    return jnp.sum(per_utt * row_weights), tokens
+
+
+def wav2vec2_ctc_loss(logits, logit_paddings, labels, label_paddings=None, *, blank_id: int = 0,
+                      reduction: str = "sum", zero_infinity: bool = False, ignore_index: int = -100):
+    """CTC loss as transformers' ``Wav2Vec2ForCTC`` computes it (torch's ``ctc_loss`` on a float32 log-softmax).
+
+    ``labels [B, U]``: entries equal to ``ignore_index`` or ``blank_id`` (or flagged by ``label_paddings``) are
+    dropped and the rest packed left. An alignment that cannot exist gives ``inf``, or 0 with a zero gradient when
+    ``zero_infinity``. ``reduction``: 'none' (per row), 'sum', or 'mean' (each row divided by its target length,
+    clamped to >= 1, then averaged over the batch), as torch's.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}: expected one of {_REDUCTIONS}")
+    labels = jnp.asarray(labels).astype(jnp.int32)
+    valid = (labels != ignore_index) & (labels != blank_id)
+    if label_paddings is not None:
+        valid = valid & (jnp.asarray(label_paddings) < 0.5)
+    order = jnp.argsort(~valid, axis=-1, stable=True)
+    packed_valid = jnp.take_along_axis(valid, order, axis=-1)
+    packed = jnp.where(packed_valid, jnp.take_along_axis(labels, order, axis=-1), 0)
+    return ctc_loss(logits.astype(jnp.float32), jnp.asarray(logit_paddings, jnp.float32), packed,
+                    (~packed_valid).astype(jnp.float32), blank_id, zero_infinity=zero_infinity, reduction=reduction)
+
+
+def label_smoothed_kl(logits, targets, target_paddings, smoothing: float):
+    """ESPnet's LabelSmoothingLoss numerator: per row, the sum over valid positions of KL(smoothed one-hot ||
+    softmax(logits)), the smoothed target being 1 - eps on the target and eps / (V - 1) elsewhere.
+
+    logits [B, U, V], targets [B, U] int, target_paddings [B, U]. Returns (kl [B], correct argmax counts [B]), f32.
+    """
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    v = logits.shape[-1]
+    conf = 1.0 - smoothing
+    low = smoothing / (v - 1)
+    # sum_k t_k log t_k (constant) - sum_k t_k logp_k
+    entropy_term = conf * math.log(conf) + (smoothing * math.log(low) if smoothing > 0 else 0.0)
+    tgt_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    cross = -(conf - low) * tgt_logp - low * jnp.sum(logp, axis=-1)
+    valid = 1.0 - target_paddings
+    kl = jnp.sum((entropy_term + cross) * valid, axis=-1)
+    correct = jnp.sum((jnp.argmax(logp, -1) == targets) * valid, axis=-1)
+    return kl, correct
+
+
+def label_smoothed_nll(logits, targets, smoothing: float):
+    """The transformers Trainer's label smoother, per position: (1 - eps) * NLL + eps * mean over the vocabulary
+    of -log p. logits [..., V], targets [...] int -> (smoothed [...], nll [...]) float32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return (1.0 - smoothing) * nll - smoothing * jnp.mean(logp, axis=-1), nll
+
+
+def joint_ctc_attention_loss(att_logits, ctc_logits, ctc_paddings, targets, target_paddings, labels,
+                             label_paddings, *, ctc_weight: float = 0.3, label_smoothing: float = 0.1,
+                             blank_id: int = 0, row_weights=None, normalize: str = "batch"):
+    """ESPnet/WeNet's joint loss: ``ctc_weight * L_ctc + (1 - ctc_weight) * L_att``.
+
+    att_logits [B, U+1, V]: the decoder's outputs for the shifted inputs ``[sos, y..]``; targets and
+    target_paddings [B, U+1]: ``[y.., eos]`` (``models.aed.shift_labels``); ctc_logits [B, T', V] with
+    ctc_paddings (unused when ``ctc_weight == 0``); labels / label_paddings [B, U]: the CTC targets.
+    ``L_att`` is :func:`label_smoothed_kl` and ``L_ctc`` the CTC NLL, both summed over rows (weighted by
+    ``row_weights`` [B], default 1) and divided according to ``normalize``: 'batch' (the summed row weights),
+    'tokens' (the weighted number of targets, eos included) or 'none' (sums).
+    Returns (loss, aux) with aux ``att_loss``, ``ctc_loss`` (when ctc_weight > 0; same normalisation),
+    ``att_accuracy`` and ``num_tokens`` (weighted targets).
+    """
+    if normalize not in ("batch", "tokens", "none"):
+        raise ValueError(f"normalize must be 'batch', 'tokens' or 'none', got {normalize!r}")
+    if att_logits.shape[:2] != targets.shape:
+        raise ValueError(f"att_logits must be [batch, labels+1, vocab] = {targets.shape}+(V,), got "
+                         f"{att_logits.shape}")
+    rows = jnp.ones(targets.shape[:1], jnp.float32) if row_weights is None else row_weights
+    kl, correct = label_smoothed_kl(att_logits, targets, target_paddings, label_smoothing)
+    num_tokens = jnp.sum((1.0 - target_paddings) * rows[:, None])
+    denom = {"batch": jnp.sum(rows), "tokens": num_tokens, "none": jnp.float32(1.0)}[normalize]
+    att = jnp.sum(kl * rows) / denom
+    aux = {"att_loss": att, "att_accuracy": jnp.sum(correct * rows) / jnp.maximum(num_tokens, 1.0),
+           "num_tokens": num_tokens}
+    if ctc_weight <= 0.0:
+        return att, aux
+    ctc_sum, _ = weighted_ctc_loss(ctc_logits, ctc_paddings, labels, label_paddings, rows, blank_id)
+    aux["ctc_loss"] = ctc_sum / denom
+    return ctc_weight * aux["ctc_loss"] + (1.0 - ctc_weight) * att, aux

@@ -60,6 +60,14 @@ def frozen_labels(params, frozen: tuple[str, ...]):
     return jax.tree_util.tree_map_with_path(label, params)
 
 
+def stop_gradient_frozen(params, frozen: tuple[str, ...]):
+    """`params` with lax.stop_gradient on the leaves under the `frozen` path prefixes (no backward pass there)."""
+    if not frozen:
+        return params
+    labels = frozen_labels(params, tuple(frozen))
+    return jax.tree.map(lambda p, l: jax.lax.stop_gradient(p) if l == "frozen" else p, params, labels)
+
+
 def make_optimizer(*, schedule: optax.Schedule, b1: float = 0.9, b2: float = 0.98, eps: float = 1e-8,
                    weight_decay: float = 0.01, clip_norm: float | None = 1.0, grad_accum: int = 1,
                    frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
@@ -83,11 +91,13 @@ def make_optimizer(*, schedule: optax.Schedule, b1: float = 0.9, b2: float = 0.9
     return tx
 
 
-def make_optimizer_from_config(optim_cfg, total_updates: int, frozen: tuple[str, ...] = ()
+def make_optimizer_from_config(optim_cfg, num_steps: int, frozen: tuple[str, ...] = ()
                                ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Builds (optimizer, schedule) from the ``optim`` section of a run config (`frozen`: see make_optimizer)."""
+    """Builds (optimizer, schedule) from the ``optim`` section of a run config for a run of `num_steps` train
+    steps (micro-batches: the schedule counts num_steps // grad_accum updates); `frozen`: see make_optimizer."""
     sched = make_schedule(optim_cfg.schedule, lr=optim_cfg.lr, warmup_steps=optim_cfg.warmup_steps,
-                          total_steps=total_updates, final_lr_ratio=optim_cfg.final_lr_ratio)
+                          total_steps=max(num_steps // optim_cfg.grad_accum, 1),
+                          final_lr_ratio=optim_cfg.final_lr_ratio)
     tx = make_optimizer(schedule=sched, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
                         weight_decay=optim_cfg.weight_decay, clip_norm=optim_cfg.clip_norm,
                         grad_accum=optim_cfg.grad_accum, frozen=tuple(frozen))

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import io
 import json
 import os
 from typing import Iterable, Sequence
+
+import sentencepiece as spm
+import tiktoken
+
+from jasr.data import read_manifest
 
 __all__ = ["TokenizerError", "CharTokenizer", "SentencePieceTokenizer", "WhisperTokenizer", "load_tokenizer",
            "normalize_whitespace", "WHISPER_LANGUAGES"]
@@ -115,7 +121,6 @@ class SentencePieceTokenizer:
     blank_id = 0
 
     def __init__(self, model_proto: bytes, *, case: str | None = None):
-        import sentencepiece as spm
         self._proto = bytes(model_proto)
         self.case = case
         self.sp = spm.SentencePieceProcessor(model_proto=self._proto)
@@ -127,8 +132,6 @@ class SentencePieceTokenizer:
               character_coverage: float = 1.0, seed_sentencepiece_size: int = 1_000_000,
               user_defined_symbols: Sequence[str] = ()) -> "SentencePieceTokenizer":
         """Trains on `texts`. vocab_size counts blank and unk. Deterministic for given texts (single thread)."""
-        import io
-        import sentencepiece as spm
         texts = [_apply_case(normalize_whitespace(t), case) for t in texts]
         texts = [t for t in texts if t]
         if not texts:
@@ -147,7 +150,6 @@ class SentencePieceTokenizer:
     @classmethod
     def train_from_manifest(cls, manifest_path: str | os.PathLike, vocab_size: int, **kwargs):
         """Trains on the `text` fields of a JSONL manifest (see jasr.data.read_manifest)."""
-        from jasr.data import read_manifest
         return cls.train([u.text for u in read_manifest(manifest_path, check_audio=False)], vocab_size, **kwargs)
 
     @property
@@ -234,7 +236,6 @@ class WhisperTokenizer:
 
     def __init__(self, multilingual: bool = True, *, num_languages: int = 99, language: str | None = None,
                  task: str | None = None, vocab_path: str | None = None):
-        import tiktoken
         name = "multilingual" if multilingual else "gpt2"
         self.vocab_path = vocab_path or _whisper_asset(name)
         self.multilingual, self.num_languages = multilingual, num_languages

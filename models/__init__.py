@@ -6,12 +6,11 @@ Whisper (``models.whisper``, ``whisper_hf``, ``whisper_generate``), Wav2Vec2 (``
 parameters.
 """
 from models.aed import AEDConfig, AEDModel, beam_search as aed_beam_search, greedy_search as aed_greedy_search
-from models.aed import joint_ctc_attention_loss
 from models.conformer import ConformerConfig, ConformerCTC, ConformerEncoder
 from models.hf_io import CheckpointKeyError
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder
-from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC, Wav2Vec2Model, wav2vec2_ctc_loss
+from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC, Wav2Vec2Model
 from models.wav2vec2_hf import from_pretrained as wav2vec2_from_pretrained
 from models.wav2vec2_hf import save_pretrained as wav2vec2_save_pretrained
 from models.wav2vec2_pretrain import Wav2Vec2ForPreTraining, pretraining_loss
@@ -25,9 +24,9 @@ __all__ = [
     "CheckpointKeyError",
     "WhisperConfig", "WhisperModel", "whisper_from_pretrained", "whisper_save_pretrained", "GenerationSettings",
     "whisper_generate", "transcribe_sequential", "transcribe_batched",
-    "Wav2Vec2Config", "Wav2Vec2Model", "Wav2Vec2ForCTC", "Wav2Vec2ForPreTraining", "wav2vec2_ctc_loss",
+    "Wav2Vec2Config", "Wav2Vec2Model", "Wav2Vec2ForCTC", "Wav2Vec2ForPreTraining",
     "pretraining_loss", "wav2vec2_from_pretrained", "wav2vec2_save_pretrained",
     "ConformerConfig", "ConformerEncoder", "ConformerCTC", "TransformerConfig", "TransformerEncoder",
-    "TransformerDecoder", "LSTMDecoderConfig", "LSTMDecoder", "AEDConfig", "AEDModel", "joint_ctc_attention_loss",
+    "TransformerDecoder", "LSTMDecoderConfig", "LSTMDecoder", "AEDConfig", "AEDModel",
     "aed_greedy_search", "aed_beam_search",
 ]

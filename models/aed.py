@@ -1,17 +1,12 @@
 """Attention encoder-decoder (AED) speech recognizer: Conformer or Transformer encoder, Transformer or LSTM decoder,
-optional CTC head on the encoder, joint CTC/attention training loss, greedy and beam attention decoding (jit-able).
+optional CTC head on the encoder, greedy and beam attention decoding (jit-able). The joint CTC/attention training
+loss is ``jasr.losses.joint_ctc_attention_loss``.
 
 Token conventions (ESPnet / WeNet):
 - one vocabulary of ``vocab_size`` ids is shared by the CTC head and the decoder; id ``blank_id = 0`` is the CTC
   blank (never a decoder target); ``sos_id`` and ``eos_id`` default to ``vocab_size - 1`` (one id for both).
 - ``labels [B, U]`` hold the token ids of each utterance without sos/eos, right-padded; ``label_paddings [B, U]``
   (1.0 = padded). The decoder reads ``[sos, y_1 .. y_n]`` and is trained to emit ``[y_1 .. y_n, eos]``.
-
-Loss (ESPnet ``CTC`` + ``LabelSmoothingLoss``): ``loss = ctc_weight * L_ctc + (1 - ctc_weight) * L_att`` with
-``L_att`` the KL divergence between the label-smoothed target (``1 - eps`` on the target, ``eps / (V - 1)``
-elsewhere) and the decoder distribution, summed over target positions (n tokens + eos), and ``L_ctc`` the CTC
-negative log-likelihood; both averaged over the batch, or divided by the number of target tokens when
-``normalize_length=True``.
 """
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fsa_ops.ctc import ctc_nll
 from models.conformer import Conv2dSubsampling, ConformerConfig, ConformerEncoder, check_encoder_inputs
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import (TransformerConfig, TransformerDecoder, TransformerEncoder, constrain, dense,
@@ -43,9 +37,7 @@ class AEDConfig:
     decoder: Any
     vocab_size: int
     encoder_type: str = "conformer"
-    ctc_weight: float = 0.3
-    label_smoothing: float = 0.1
-    normalize_length: bool = False
+    ctc_weight: float = 0.3        # > 0: the encoder has a CTC head (the joint loss weights it by this)
     blank_id: int = 0
     sos_id: int | None = None      # None -> vocab_size - 1
     eos_id: int | None = None      # None -> vocab_size - 1
@@ -71,8 +63,6 @@ class AEDConfig:
             bad("vocab_size", "needs at least blank, one token and sos/eos")
         if not 0.0 <= self.ctc_weight <= 1.0:
             bad("ctc_weight", "must be in [0, 1]")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            bad("label_smoothing", "must be in [0, 1)")
         for f in ("blank_id", "sos", "eos"):
             v = getattr(self, f) if f == "blank_id" else getattr(self, f + "_token")
             if not 0 <= v < self.vocab_size:
@@ -177,58 +167,13 @@ def shift_labels(labels, label_paddings, sos_id: int, eos_id: int):
     return inputs, targets, target_paddings
 
 
-def label_smoothed_kl(logits, targets, target_paddings, smoothing: float):
-    """Per-utterance sum over valid positions of KL(smoothed one-hot || softmax(logits)) (ESPnet's
-    LabelSmoothingLoss numerator), and per-utterance count of correct argmax predictions. float32."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    v = logits.shape[-1]
-    conf = 1.0 - smoothing
-    low = smoothing / (v - 1)
-    # sum_k t_k log t_k (constant) - sum_k t_k logp_k
-    entropy_term = conf * math.log(conf) + (smoothing * math.log(low) if smoothing > 0 else 0.0)
-    tgt_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    cross = -(conf - low) * tgt_logp - low * jnp.sum(logp, axis=-1)
-    valid = 1.0 - target_paddings
-    kl = jnp.sum((entropy_term + cross) * valid, axis=-1)
-    correct = jnp.sum((jnp.argmax(logp, -1) == targets) * valid, axis=-1)
-    return kl, correct
-
-
-def joint_ctc_attention_loss(att_logits, ctc_logits, ctc_paddings, labels, label_paddings, *, ctc_weight: float = 0.3,
-                             label_smoothing: float = 0.1, sos_id: int, eos_id: int, blank_id: int = 0,
-                             normalize_length: bool = False):
-    """Joint CTC/attention loss. ``att_logits [B,U+1,V]`` are the decoder's outputs for inputs
-    ``shift_labels(labels)[0]``; ``ctc_logits [B,T',V]`` with ``ctc_paddings`` (None when ``ctc_weight == 0``).
-    Returns ``(loss, aux)`` with aux ``ctc_loss``, ``att_loss`` (same normalisation as the loss), ``att_accuracy``,
-    ``num_tokens`` (targets incl. eos)."""
-    _, targets, target_paddings = shift_labels(labels, label_paddings, sos_id, eos_id)
-    if att_logits.shape[:2] != targets.shape:
-        raise ValueError(f"att_logits must be [batch, labels+1, vocab] = {targets.shape}+(V,), got "
-                         f"{att_logits.shape}")
-    kl, correct = label_smoothed_kl(att_logits, targets, target_paddings, label_smoothing)
-    num_tokens = jnp.sum(1.0 - target_paddings)
-    denom = num_tokens if normalize_length else jnp.float32(labels.shape[0])
-    att = jnp.sum(kl) / denom
-    aux = {"att_loss": att, "att_accuracy": jnp.sum(correct) / jnp.maximum(num_tokens, 1.0),
-           "num_tokens": num_tokens}
-    if ctc_weight > 0.0:
-        nll = ctc_nll(ctc_logits.astype(jnp.float32), ctc_paddings, labels, label_paddings, blank_id)
-        ctc = jnp.sum(nll) / denom
-        aux["ctc_loss"] = ctc
-        loss = ctc_weight * ctc + (1.0 - ctc_weight) * att
-    else:
-        loss = att
-    return loss, aux
-
-
 class AEDModel(nn.Module):
     """The AED network. Methods (call through ``model.apply(variables, ..., method=AEDModel.X)``):
 
     - ``__call__(features, feature_paddings, labels, label_paddings, train)`` -> dict ``att_logits [B,U+1,V]``,
-      ``ctc_logits [B,T',V]`` (None without CTC), ``enc_paddings [B,T']``. Used by ``init`` and ``loss``.
+      ``ctc_logits [B,T',V]`` (None without CTC), ``enc_paddings [B,T']``. Used by ``init`` and training.
     - ``encode(features, feature_paddings, train)`` -> ``(enc [B,T',D], enc_paddings, ctc_logits or None)``.
     - ``decode(tokens [B,U], enc, enc_paddings, train)`` -> logits ``[B,U,V]`` float32 (teacher forcing).
-    - ``loss(features, feature_paddings, labels, label_paddings, train)`` -> ``(loss, aux)``.
     - ``init_state(enc, enc_paddings, max_len)`` / ``step(tokens [B], index, state)`` -> incremental decoding.
     Decoding: :func:`greedy_search`, :func:`beam_search`.
     """
@@ -271,15 +216,6 @@ class AEDModel(nn.Module):
         inputs, _, _ = shift_labels(labels, label_paddings, cfg.sos_token, cfg.eos_token)
         att_logits = self.decode(inputs, enc, enc_paddings, train)
         return {"att_logits": att_logits, "ctc_logits": ctc_logits, "enc_paddings": enc_paddings}
-
-    def loss(self, features, feature_paddings, labels, label_paddings, train: bool = False):
-        cfg = self.config
-        out = self(features, feature_paddings, labels, label_paddings, train)
-        return joint_ctc_attention_loss(out["att_logits"], out["ctc_logits"], out["enc_paddings"], labels,
-                                        label_paddings, ctc_weight=cfg.ctc_weight,
-                                        label_smoothing=cfg.label_smoothing, sos_id=cfg.sos_token,
-                                        eos_id=cfg.eos_token, blank_id=cfg.blank_id,
-                                        normalize_length=cfg.normalize_length)
 
 
 # ----------------------------------------------------------------------------------------------------------------

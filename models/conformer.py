@@ -43,8 +43,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.transformer import (NEG_INF, canonical_dtype, check_features, constrain, dense, layer_norm,
-                                lengths_from_paddings, paddings_from_lengths, partitioned, sinusoidal_positions)
+from models.hf_io import StrictKeys
+from models.transformer import (
+    NEG_INF,
+    canonical_dtype,
+    check_features,
+    constrain,
+    dense,
+    layer_norm,
+    lengths_from_paddings,
+    paddings_from_lengths,
+    partitioned,
+    sinusoidal_positions,
+)
 
 _SUBSAMPLING = {"conv2d": (4, 6, 8), "dw_striding": (2, 4, 8, 16)}
 
@@ -424,8 +435,6 @@ def conformer_variables_from_parakeet(state_dict, config: ConformerConfig, prefi
     :class:`ConformerEncoder` / :class:`ConformerCTC`. The config must match: ``subsampling_type="dw_striding"``,
     ``conv_norm="batch"``, ``xscale`` = ``scale_input``, ``ff_mult * d_model`` = ``intermediate_size``.
     Fails loudly (``CheckpointKeyError``) on a missing or an unused tensor."""
-    from models.hf_io import StrictKeys
-
     if config.subsampling_type != "dw_striding" or config.conv_norm != "batch":
         raise ValueError("Parakeet weights need ConformerConfig(subsampling_type='dw_striding', conv_norm='batch')")
     keys = StrictKeys(state_dict, ignore=("num_batches_tracked",))

@@ -12,6 +12,7 @@ import os
 from typing import Any, Mapping
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 
 class CheckpointKeyError(KeyError):
@@ -28,8 +29,6 @@ def load_config(directory: str) -> dict[str, Any]:
 
 def load_state_dict(directory: str) -> dict[str, np.ndarray]:
     """All tensors of a checkpoint directory as float32/int numpy arrays, keyed by their PyTorch names."""
-    from safetensors.numpy import load_file
-
     single = os.path.join(directory, "model.safetensors")
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.isfile(single):
@@ -56,8 +55,6 @@ def load_state_dict(directory: str) -> dict[str, np.ndarray]:
 
 def save_checkpoint(directory: str, config: Mapping[str, Any], state_dict: Mapping[str, np.ndarray]) -> None:
     """Write ``config.json`` and ``model.safetensors`` so that transformers' ``from_pretrained`` loads them."""
-    from safetensors.numpy import save_file
-
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(dict(config), f, indent=2, sort_keys=True)

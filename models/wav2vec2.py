@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fsa_ops.ctc import ctc_nll
 
 Dtype = Any
 NEG_INF = float(np.finfo(np.float32).min)
@@ -232,11 +231,12 @@ def _activation(name: str) -> Callable:
     return table[name]
 
 
-def _part(init: Callable, names: Sequence[str | None]) -> Callable:
+def logical_init(init: Callable, names: Sequence[str | None]) -> Callable:
+    """`init` with the parameter's logical axis names."""
     return nn.with_logical_partitioning(init, tuple(names))
 
 
-def _torch_linear_init(fan_in: int) -> Callable:
+def torch_linear_init(fan_in: int) -> Callable:
     """PyTorch's default ``nn.Linear`` init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     bound = 1.0 / math.sqrt(fan_in)
 
@@ -246,14 +246,15 @@ def _torch_linear_init(fan_in: int) -> Callable:
     return init
 
 
-def _dense(features, names, cfg: Wav2Vec2Config, *, name: str, axis=-1, use_bias=True,
-           kernel_init: Callable | None = None, bias_init: Callable | None = None) -> nn.DenseGeneral:
+def w2v_dense(features, names, cfg: Wav2Vec2Config, *, name: str, axis=-1, use_bias=True,
+              kernel_init: Callable | None = None, bias_init: Callable | None = None) -> nn.DenseGeneral:
+    """A DenseGeneral in the config's dtypes with logically named kernel and bias (HF's normal init default)."""
     nfeat = 1 if isinstance(features, int) else len(features)
     return nn.DenseGeneral(
         features=features, axis=axis, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
         param_dtype=jnp.dtype(cfg.param_dtype),
-        kernel_init=_part(kernel_init or nn.initializers.normal(cfg.initializer_range), names),
-        bias_init=_part(bias_init or nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
+        kernel_init=logical_init(kernel_init or nn.initializers.normal(cfg.initializer_range), names),
+        bias_init=logical_init(bias_init or nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
 
 
 class Norm(nn.Module):
@@ -269,9 +270,9 @@ class Norm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", _part(nn.initializers.ones_init(), (self.axis_name,)), (self.features,),
+        scale = self.param("scale", logical_init(nn.initializers.ones_init(), (self.axis_name,)), (self.features,),
                            self.param_dtype)
-        bias = self.param("bias", _part(nn.initializers.zeros_init(), (self.axis_name,)), (self.features,),
+        bias = self.param("bias", logical_init(nn.initializers.zeros_init(), (self.axis_name,)), (self.features,),
                           self.param_dtype)
         xf = x.astype(jnp.float32)
         axis = -2 if self.reduce_time else -1
@@ -319,7 +320,7 @@ class _Conv1d(nn.Module):
     @nn.compact
     def __call__(self, x):
         fan_in = self.in_features * self.kernel_size
-        kernel = self.param("kernel", _part(nn.initializers.variance_scaling(2.0, "fan_in", "normal",
+        kernel = self.param("kernel", logical_init(nn.initializers.variance_scaling(2.0, "fan_in", "normal",
                                                                                in_axis=(0, 1), out_axis=2),
                                             ("conv", None, "embed")),
                             (self.kernel_size, self.in_features, self.out_features), self.param_dtype)
@@ -327,7 +328,7 @@ class _Conv1d(nn.Module):
             x.astype(self.dtype), kernel.astype(self.dtype), window_strides=(self.stride,), padding="VALID",
             dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32)
         if self.use_bias:
-            bias = self.param("bias", _part(_torch_linear_init(fan_in), ("embed",)), (self.out_features,),
+            bias = self.param("bias", logical_init(torch_linear_init(fan_in), ("embed",)), (self.out_features,),
                               self.param_dtype)
             y = y + bias.astype(jnp.float32)
         return y.astype(self.dtype)
@@ -359,9 +360,9 @@ class FeatureProjection(nn.Module):
         cfg = self.config
         normed = Norm(cfg.conv_dim[-1], eps=cfg.layer_norm_eps, dtype=jnp.dtype(cfg.dtype),
                       param_dtype=jnp.dtype(cfg.param_dtype), name="layer_norm")(x)
-        h = _dense(cfg.hidden_size, (None, "embed"), cfg, name="projection",
-                   kernel_init=_torch_linear_init(cfg.conv_dim[-1]),
-                   bias_init=_torch_linear_init(cfg.conv_dim[-1]))(normed)
+        h = w2v_dense(cfg.hidden_size, (None, "embed"), cfg, name="projection",
+                   kernel_init=torch_linear_init(cfg.conv_dim[-1]),
+                   bias_init=torch_linear_init(cfg.conv_dim[-1]))(normed)
         h = nn.Dropout(cfg.feat_proj_dropout)(h, deterministic=deterministic)
         return h, normed
 
@@ -381,14 +382,14 @@ class PositionalConvEmbedding(nn.Module):
         e, k, g = cfg.hidden_size, cfg.num_conv_pos_embeddings, cfg.num_conv_pos_embedding_groups
         pdt, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         std = 2.0 * math.sqrt(1.0 / (k * e))
-        v = self.param("weight_v", _part(nn.initializers.normal(std), ("conv", None, "embed")), (k, e // g, e), pdt)
+        v = self.param("weight_v", logical_init(nn.initializers.normal(std), ("conv", None, "embed")), (k, e // g, e), pdt)
 
         def g_init(key, shape, dtype=jnp.float32):
             vv = nn.unbox(v).astype(jnp.float32)
             return jnp.sqrt(jnp.sum(jnp.square(vv), axis=(1, 2))).astype(dtype)
 
-        wg = self.param("weight_g", _part(g_init, ("conv",)), (k,), pdt)
-        b = self.param("bias", _part(nn.initializers.zeros_init(), ("embed",)), (e,), pdt)
+        wg = self.param("weight_g", logical_init(g_init, ("conv",)), (k,), pdt)
+        b = self.param("bias", logical_init(nn.initializers.zeros_init(), ("embed",)), (e,), pdt)
         vf = v.astype(jnp.float32)
         w = vf * (wg.astype(jnp.float32) / jnp.sqrt(jnp.sum(jnp.square(vf), axis=(1, 2))))[:, None, None]
         y = jax.lax.conv_general_dilated(
@@ -444,15 +445,15 @@ class Attention(nn.Module):
         cfg = self.config
         h = cfg.num_attention_heads
         d = cfg.hidden_size // h
-        q = _dense((h, d), ("embed", "heads", "kv"), cfg, name="q_proj")(x)
-        k = _dense((h, d), ("embed", "heads", "kv"), cfg, name="k_proj")(x)
-        v = _dense((h, d), ("embed", "heads", "kv"), cfg, name="v_proj")(x)
+        q = w2v_dense((h, d), ("embed", "heads", "kv"), cfg, name="q_proj")(x)
+        k = w2v_dense((h, d), ("embed", "heads", "kv"), cfg, name="k_proj")(x)
+        v = w2v_dense((h, d), ("embed", "heads", "kv"), cfg, name="v_proj")(x)
         rate = cfg.attention_dropout
         rng = self.make_rng("dropout") if (not self.deterministic and rate > 0.0) else None
         out = dot_product_attention(q, k, v, key_mask, chunk_size=cfg.attention_chunk_size, dropout_rate=rate,
                                     dropout_rng=rng)
         out = out.astype(jnp.dtype(cfg.dtype))
-        return _dense(cfg.hidden_size, ("heads", "kv", "embed"), cfg, name="out_proj", axis=(-2, -1))(out)
+        return w2v_dense(cfg.hidden_size, ("heads", "kv", "embed"), cfg, name="out_proj", axis=(-2, -1))(out)
 
 
 class FeedForward(nn.Module):
@@ -462,10 +463,10 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        x = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, name="intermediate_dense")(x)
+        x = w2v_dense(cfg.intermediate_size, ("embed", "mlp"), cfg, name="intermediate_dense")(x)
         x = _activation(cfg.hidden_act)(x)
         x = nn.Dropout(cfg.activation_dropout)(x, deterministic=self.deterministic)
-        x = _dense(cfg.hidden_size, ("mlp", "embed"), cfg, name="output_dense")(x)
+        x = w2v_dense(cfg.hidden_size, ("mlp", "embed"), cfg, name="output_dense")(x)
         return nn.Dropout(cfg.hidden_dropout)(x, deterministic=self.deterministic)
 
 
@@ -632,7 +633,7 @@ class Wav2Vec2Model(nn.Module):
 
         has_embed = cfg.mask_time_prob > 0.0 or cfg.mask_feature_prob > 0.0
         if has_embed:
-            embed = self.param("masked_spec_embed", _part(nn.initializers.uniform(1.0), ("embed",)),
+            embed = self.param("masked_spec_embed", logical_init(nn.initializers.uniform(1.0), ("embed",)),
                                (cfg.hidden_size,), jnp.dtype(cfg.param_dtype))
         if cfg.apply_spec_augment:
             need_t = mask_time_indices is None and cfg.mask_time_prob > 0
@@ -677,50 +678,5 @@ class Wav2Vec2ForCTC(nn.Module):
                                                   mask_time_indices=mask_time_indices,
                                                   mask_feature_indices=mask_feature_indices)
         h = nn.Dropout(cfg.final_dropout)(out.last_hidden_state, deterministic=deterministic)
-        logits = _dense(cfg.vocab_size, ("embed", "vocab"), cfg, name="lm_head")(h)
+        logits = w2v_dense(cfg.vocab_size, ("embed", "vocab"), cfg, name="lm_head")(h)
         return Wav2Vec2CTCOutput(logits.astype(jnp.float32), out.paddings, out.last_hidden_state)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# CTC loss with transformers' Wav2Vec2ForCTC semantics
-# --------------------------------------------------------------------------------------------------------------------
-
-def wav2vec2_ctc_loss(logits: jax.Array, logit_paddings: jax.Array, labels: jax.Array,
-                      label_paddings: jax.Array | None = None, *, blank_id: int = 0, reduction: str = "sum",
-                      zero_infinity: bool = False, ignore_index: int = -100) -> jax.Array:
-    """CTC loss as ``Wav2Vec2ForCTC`` computes it (``torch.nn.functional.ctc_loss`` on float32 log-softmax),
-    computed by :func:`fsa_ops.ctc.ctc_nll` (fused forward-backward, analytic gradient).
-
-    ``labels [B, U]``: entries equal to ``ignore_index`` or ``blank_id`` (or flagged by ``label_paddings``) are
-    dropped and the rest packed left. An alignment that cannot exist (fewer frames than labels plus repeats) gives
-    ``inf`` -- or 0 with a zero gradient when ``zero_infinity``. ``reduction``: 'none' (per row), 'sum', or 'mean'
-    (each row divided by its target length, clamped to >= 1, then averaged over the batch).
-    """
-    if reduction not in ("none", "sum", "mean"):
-        raise ValueError(f"reduction={reduction!r}: expected 'none', 'sum' or 'mean'")
-    labels = jnp.asarray(labels).astype(jnp.int32)
-    valid = (labels != ignore_index) & (labels != blank_id)
-    if label_paddings is not None:
-        valid = valid & (jnp.asarray(label_paddings) < 0.5)
-    order = jnp.argsort(~valid, axis=-1, stable=True)
-    packed = jnp.take_along_axis(labels, order, axis=-1)
-    pvalid = jnp.take_along_axis(valid, order, axis=-1)
-    packed = jnp.where(pvalid, packed, 0)
-    lab_pads = (~pvalid).astype(jnp.float32)
-    per_row = ctc_nll(logits.astype(jnp.float32), jnp.asarray(logit_paddings, jnp.float32), packed, lab_pads,
-                      blank_id=blank_id)  # +inf (zero gradient) where no alignment fits
-    n_labels = jnp.sum(pvalid, axis=-1).astype(jnp.int32)
-    if zero_infinity:
-        per_row = jnp.where(jnp.isinf(per_row), 0.0, per_row)
-    if reduction == "none":
-        return per_row
-    if reduction == "sum":
-        return jnp.sum(per_row)
-    return jnp.mean(per_row / jnp.maximum(n_labels, 1).astype(jnp.float32))
-
-
-def ctc_loss_from_config(config: Wav2Vec2Config, out: Wav2Vec2CTCOutput, labels, label_paddings=None):
-    """``wav2vec2_ctc_loss`` with the config's ``pad_token_id`` (blank), reduction and ``ctc_zero_infinity``."""
-    blank = 0 if config.pad_token_id is None else config.pad_token_id
-    return wav2vec2_ctc_loss(out.logits, out.paddings, labels, label_paddings, blank_id=blank,
-                             reduction=config.ctc_loss_reduction, zero_infinity=config.ctc_zero_infinity)

@@ -20,9 +20,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from models.hf_io import CheckpointKeyError, StrictKeys, load_config, load_state_dict, save_checkpoint
+from models.hf_io import (
+    CheckpointKeyError,
+    StrictKeys,
+    load_config,
+    load_state_dict,
+    save_checkpoint,
+)
 from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC, Wav2Vec2Model
 from models.wav2vec2_pretrain import Wav2Vec2ForPreTraining
 
@@ -244,7 +251,6 @@ def save_pretrained(directory: str, params: Mapping, config: Wav2Vec2Config, hea
 
 def save_native(directory: str, params: Mapping, config: Wav2Vec2Config, head: str = "ctc") -> None:
     """The Flax parameter tree with orbax (``directory/params``) and the jasr config (``directory/jasr.json``)."""
-    import orbax.checkpoint as ocp
 
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -259,7 +265,6 @@ def save_native(directory: str, params: Mapping, config: Wav2Vec2Config, head: s
 def load_native(directory: str, **config_overrides) -> tuple[nn.Module, dict, Wav2Vec2Config]:
     """Inverse of :func:`save_native`: ``(module, params, config)``; ``dtype``/``remat`` may be overridden
     (not ``param_dtype`` or ``scan_layers``, which fix the stored tree)."""
-    import orbax.checkpoint as ocp
 
     directory = os.path.abspath(directory)
     with open(os.path.join(directory, "jasr.json")) as f:

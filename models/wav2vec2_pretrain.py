@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
-from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2Model, _dense, _part, _torch_linear_init,
+from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2Model, w2v_dense, logical_init, torch_linear_init,
                              compute_mask_indices, feat_extract_output_lengths, frame_paddings, spec_augment_masks)
 
 __all__ = [
@@ -112,9 +112,9 @@ class GumbelVectorQuantizer(nn.Module):
     def __call__(self, x, mask_time_indices=None, *, temperature: float = 2.0, deterministic: bool = True):
         cfg = self.config
         g, v = cfg.num_codevector_groups, cfg.num_codevectors_per_group
-        logits = _dense(g * v, ("embed", "vocab"), cfg, name="weight_proj",
+        logits = w2v_dense(g * v, ("embed", "vocab"), cfg, name="weight_proj",
                         kernel_init=nn.initializers.normal(1.0))(x)
-        codebook = self.param("codevectors", _part(nn.initializers.uniform(1.0), (None, "vocab", "embed")),
+        codebook = self.param("codevectors", logical_init(nn.initializers.uniform(1.0), (None, "vocab", "embed")),
                               (1, g * v, cfg.codevector_dim // g), jnp.dtype(cfg.param_dtype))
         logits = logits.reshape(*logits.shape[:2], g, v)
         noise = None
@@ -142,15 +142,15 @@ class Wav2Vec2ForPreTraining(nn.Module):
         cfg = self.config
         out = Wav2Vec2Model(cfg, name="wav2vec2")(input_values, paddings, deterministic=deterministic,
                                                   mask_time_indices=mask_time_indices)
-        projected = _dense(cfg.proj_codevector_dim, ("embed", None), cfg, name="project_hid",
-                           kernel_init=_torch_linear_init(cfg.hidden_size),
-                           bias_init=_torch_linear_init(cfg.hidden_size))(out.last_hidden_state)
+        projected = w2v_dense(cfg.proj_codevector_dim, ("embed", None), cfg, name="project_hid",
+                           kernel_init=torch_linear_init(cfg.hidden_size),
+                           bias_init=torch_linear_init(cfg.hidden_size))(out.last_hidden_state)
         feats = nn.Dropout(cfg.feat_quantizer_dropout)(out.extract_features, deterministic=deterministic)
         quantized, perplexity = GumbelVectorQuantizer(cfg, name="quantizer")(
             feats, out.mask_time_indices if mask_time_indices is None else mask_time_indices, temperature=gumbel_temperature, deterministic=deterministic)
-        quantized = _dense(cfg.proj_codevector_dim, ("embed", None), cfg, name="project_q",
-                           kernel_init=_torch_linear_init(cfg.codevector_dim),
-                           bias_init=_torch_linear_init(cfg.codevector_dim))(quantized)
+        quantized = w2v_dense(cfg.proj_codevector_dim, ("embed", None), cfg, name="project_q",
+                           kernel_init=torch_linear_init(cfg.codevector_dim),
+                           bias_init=torch_linear_init(cfg.codevector_dim))(quantized)
         return Wav2Vec2PreTrainingOutput(projected.astype(jnp.float32), quantized.astype(jnp.float32), perplexity,
                                          out.paddings, out.last_hidden_state)
 

@@ -20,8 +20,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
-from models.hf_io import CheckpointKeyError, StrictKeys, load_config, load_state_dict, save_checkpoint
+from models.hf_io import (
+    CheckpointKeyError,
+    StrictKeys,
+    load_config,
+    load_state_dict,
+    save_checkpoint,
+)
 from models.whisper import WhisperConfig, WhisperModel
 
 Params = Any
@@ -183,7 +190,6 @@ def save_pretrained(directory: str, config: WhisperConfig, params: Params,
 
 def save_native(directory: str, config: WhisperConfig, params: Params) -> None:
     """Native checkpoint: ``config.json`` plus the params tree saved by orbax under ``params/``."""
-    import orbax.checkpoint as ocp
 
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -198,7 +204,6 @@ def load_native(directory: str, *, dtype=jnp.float32, param_dtype=None, scan_lay
                 remat: bool = False) -> tuple[WhisperModel, Params]:
     """Restore :func:`save_native` output -> ``(model, params)``. ``scan_layers=None`` keeps the saved layout;
     ``True``/``False`` converts it."""
-    import orbax.checkpoint as ocp
 
     directory = os.path.abspath(directory)
     config = WhisperConfig.from_hf_dict(load_config(directory))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.aed import (AEDConfig, AEDModel, beam_search, greedy_search, joint_ctc_attention_loss, shift_labels)
-from models.conformer import ConformerConfig
-from models.conformer import stack_layers
+from jasr.losses import joint_ctc_attention_loss
+from models.aed import AEDConfig, AEDModel, beam_search, greedy_search, shift_labels
+from models.conformer import ConformerConfig, stack_layers
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder
 
@@ -243,9 +243,10 @@ def test_joint_loss_matches_torch(normalize_length):
     ctc = rng.standard_normal((b, t, v)).astype(np.float32) * 2
     tlen = np.array([12, 9, 5])
     cpad = (np.arange(t)[None] >= tlen[:, None]).astype(np.float32)
+    _, targets, tpad = shift_labels(labels, lpad, sos_id=v - 1, eos_id=v - 1)
+    normalize = "tokens" if normalize_length else "batch"
     loss, aux = jax.jit(lambda *a: joint_ctc_attention_loss(
-        *a, ctc_weight=lam, label_smoothing=eps, sos_id=v - 1, eos_id=v - 1,
-        normalize_length=normalize_length))(att, ctc, cpad, labels, lpad)
+        *a, ctc_weight=lam, label_smoothing=eps, normalize=normalize))(att, ctc, cpad, targets, tpad, labels, lpad)
     # ESPnet LabelSmoothingLoss: KLDiv(log_softmax, smoothed one-hot), summed over valid targets
     kl_sum, n_tok = 0.0, 0
     for i in range(b):
@@ -263,8 +264,8 @@ def test_joint_loss_matches_torch(normalize_length):
     np.testing.assert_allclose(aux["ctc_loss"], ctc_sum / denom, rtol=1e-4)
     np.testing.assert_allclose(loss, lam * ctc_sum / denom + (1 - lam) * kl_sum / denom, rtol=1e-4)
     assert aux["num_tokens"] == n_tok
-    loss_att_only, aux2 = joint_ctc_attention_loss(att, None, None, labels, lpad, ctc_weight=0.0, label_smoothing=eps,
-                                                   sos_id=v - 1, eos_id=v - 1, normalize_length=normalize_length)
+    loss_att_only, aux2 = joint_ctc_attention_loss(att, None, None, targets, tpad, labels, lpad, ctc_weight=0.0,
+                                                   label_smoothing=eps, normalize=normalize)
     np.testing.assert_allclose(loss_att_only, kl_sum / denom, rtol=1e-5)
     assert "ctc_loss" not in aux2
 
@@ -281,6 +282,16 @@ def _feats(cfg, lengths, seed=0):
     return x, pad
 
 
+def _joint_loss(model, variables, x, pad, labels, lpad, train=False, rngs=None, label_smoothing=0.1):
+    """The training loss of an AEDModel: its outputs scored by jasr.losses.joint_ctc_attention_loss."""
+    cfg = model.config
+    out = model.apply(variables, x, pad, labels, lpad, train, rngs=rngs)
+    _, targets, tpad = shift_labels(labels, lpad, cfg.sos_token, cfg.eos_token)
+    return joint_ctc_attention_loss(out["att_logits"], out["ctc_logits"], out["enc_paddings"], targets, tpad, labels,
+                                    lpad, ctc_weight=cfg.ctc_weight, label_smoothing=label_smoothing,
+                                    blank_id=cfg.blank_id)
+
+
 @pytest.fixture(scope="module", params=["transformer", "lstm"])
 def aed(request):
     cfg = AEDConfig.tiny(6, decoder=request.param)  # one encoder and one decoder layer
@@ -294,12 +305,11 @@ def aed(request):
 
 def test_aed_loss_padding_invariance_and_gradients(aed):
     cfg, model, variables, x, pad, labels, lpad = aed
-    lossf = jax.jit(lambda v, *a: model.apply(v, *a, False, method=AEDModel.loss))
+    lossf = jax.jit(lambda v, *a: _joint_loss(model, v, *a))
 
     @jax.jit
     def value_and_grad(p):
-        return jax.value_and_grad(lambda q: model.apply({"params": q}, x, pad, labels, lpad, False,
-                                                        method=AEDModel.loss), has_aux=True)(p)
+        return jax.value_and_grad(lambda q: _joint_loss(model, {"params": q}, x, pad, labels, lpad), has_aux=True)(p)
 
     (loss, aux), g = value_and_grad(nn.unbox(variables)["params"])
     assert set(aux) == {"att_loss", "ctc_loss", "att_accuracy", "num_tokens"}
@@ -377,13 +387,13 @@ def test_beam_search_is_exact_with_a_wide_beam(aed):
 
 
 def test_transformer_encoder_aed_and_config_errors():
-    cfg = AEDConfig.tiny(6, encoder_type="transformer", label_smoothing=0.0)
+    cfg = AEDConfig.tiny(6, encoder_type="transformer")
     model = AEDModel(cfg)
     x, pad = _feats(cfg, [33, 20])
     labels, lpad = jnp.array([[1, 2], [3, 0]]), jnp.array([[0, 0], [0, 1]], jnp.float32)
     variables = random_variables(model.init, x, pad, labels, lpad)
-    loss, aux = jax.jit(lambda v: model.apply(v, x, pad, labels, lpad, True, rngs={"dropout": jax.random.PRNGKey(0)},
-                                              method=AEDModel.loss))(variables)  # train mode, dropout on
+    loss, aux = jax.jit(lambda v: _joint_loss(model, v, x, pad, labels, lpad, True, rngs={"dropout": jax.random.PRNGKey(0)},
+                                              label_smoothing=0.0))(variables)  # train mode, dropout on
     assert np.isfinite(loss) and aux["att_loss"] > 0
     assert "transformer" in nn.unbox(variables)["params"]["encoder"]
     with pytest.raises(ValueError, match="decoder"):
@@ -395,7 +405,7 @@ def test_transformer_encoder_aed_and_config_errors():
     with pytest.raises(ValueError, match="eos_id"):
         cfg.replace(eos_id=0)
     with pytest.raises(ValueError, match="labels"):
-        model.apply(variables, x, pad, labels[0], lpad[0], method=AEDModel.loss)
+        model.apply(variables, x, pad, labels[0], lpad[0])
 
 
 def test_config_from_dict_roundtrip():

@@ -7,8 +7,16 @@ import sys
 import numpy as np
 import pytest
 
-from jasr.config import (ConfigError, apply_override, base_config, config_from_argv, load_config_file,
-                         load_saved_config, save_config, validate_config)
+from jasr.config import (
+    ConfigError,
+    apply_override,
+    base_config,
+    config_from_argv,
+    load_config_file,
+    load_saved_config,
+    save_config,
+    validate_config,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -121,7 +129,7 @@ def test_cli_help_and_errors(tmp_path):
 
 
 def test_audio_augmentation_from_config():
-    from jasr.training import audio_augment
+    from jasr.run_data import audio_augment
     cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
     assert audio_augment(cfg.data) is None
     cfg.data.speed_perturb = (0.9, 1.0, 1.1)

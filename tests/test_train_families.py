@@ -15,7 +15,8 @@ import transformers
 
 from jasr.config import ConfigError, apply_override, load_config_file, validate_config
 from jasr.logs import read_jsonl
-from jasr.training import build_task, load_pretrained_params, load_run, train
+from jasr.tasks.wav2vec2 import normalize_audio
+from jasr.training import load_run, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "..", "shared", "data")
@@ -108,7 +109,7 @@ def test_wav2vec2_ctc_finetune_from_hf(manifest, w2v_hf_dir, tmp_path):
 
     run = load_run(workdir, checkpoint="latest", root=ROOT)
     task, p = run.task, run.state.params
-    params0 = load_pretrained_params(task, hf_dir, jax.random.PRNGKey(0))
+    params0 = task.load_pretrained(hf_dir, jax.random.PRNGKey(0))
     # the frozen feature encoder is still exactly the checkpoint's; the transformer layers were trained
     flat0 = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(params0)[0]}
     flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(p)[0]}
@@ -121,7 +122,6 @@ def test_wav2vec2_ctc_finetune_from_hf(manifest, w2v_hf_dir, tmp_path):
 
     # init_from at step 0: the encoder's output equals transformers' on real audio (the head is new)
     from jasr.audio import load_audio
-    from jasr.training import normalize_audio
     audio = load_audio(json.loads(open(manifest).readline())["audio"], 16000)[None].astype(np.float32)
     x = normalize_audio(jnp.asarray(audio), jnp.zeros_like(jnp.asarray(audio)))
     ours = task.model.apply({"params": params0}, x, deterministic=True).last_hidden_state
@@ -173,7 +173,7 @@ def test_whisper_finetune_from_hf(manifest, whisper_hf_dir, tmp_path):
     assert task.prompt == (50258, 50259, 50359, 50363) and task.eos_id == 50257
 
     # step-0 weights: the teacher-forced logits equal transformers' on the same log-mel and prompt
-    params0 = load_pretrained_params(task, hf_dir, jax.random.PRNGKey(0))
+    params0 = task.load_pretrained(hf_dir, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
     feats = rng.standard_normal((1, 80, 3000)).astype(np.float32) * 0.5
     ids = np.array([list(task.prompt) + [440, 2739]], np.int32)

@@ -11,9 +11,10 @@ import pytest
 from jasr import optim
 from jasr.decoding import ctc_greedy_ids
 from jasr.metrics import cer, wer, word_errors
-from jasr.training import Frontend, Task, create_train_state, step_key, train_step
+from jasr.steps import create_train_state, eval_step, step_key, train_step
+from jasr.tasks import build_task
+from jasr.tasks.conformer import ConformerCTCTask
 from models.conformer import ConformerConfig, ConformerCTC
-
 
 # ------------------------------------------------------------------------------------------------ optimiser
 
@@ -96,7 +97,7 @@ def test_wer_cer():
 def _task(dtype="float32"):
     cfg = ConformerConfig.tiny(vocab_size=6, input_dim=16, num_layers=1, dtype=dtype, dropout_rate=0.0,
                                attention_dropout_rate=0.0, ff_dropout_rate=0.0)
-    return Task(name="conformer_ctc", model=ConformerCTC(cfg), loss_type="ctc", frontend=Frontend())
+    return ConformerCTCTask(model=ConformerCTC(cfg))
 
 
 def _batch():
@@ -176,6 +177,7 @@ def test_bf16_mixed_precision_step():
 
 def _tiny_from_config(name, **model):
     import os
+
     from jasr.config import load_config_file, validate_config
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_config_file(os.path.join(root, "configs", name))
@@ -187,8 +189,8 @@ def _tiny_from_config(name, **model):
 
 def test_conformer_aed_config_trains_a_few_steps():
     import dataclasses
+
     from jasr.features import FeatureConfig
-    from jasr.training import build_task, eval_step
     cfg = _tiny_from_config("conformer_aed.py",
                             encoder=dict(d_model=32, num_layers=1, num_heads=2, ff_mult=2, conv_kernel=7,
                                          subsampling_channels=8),
@@ -207,6 +209,6 @@ def test_conformer_aed_config_trains_a_few_steps():
         state, m = step(state, batch, step_key(state))
         losses.append(float(m["loss"]))
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
-    for t in (task, dataclasses.replace(task, loss_type="attention")):   # CTC-head and attention greedy decoding
+    for t in (task, dataclasses.replace(task, joint=False)):   # CTC-head and attention greedy decoding
         out = jax.jit(functools.partial(eval_step, task=t))(state, batch)
         assert out["ids"].shape[0] == 4 and out["lengths"].shape == (4,) and np.isfinite(float(out["loss_sum"]))

@@ -1,0 +1,177 @@
+"""What the training loop and decode.py ask of a model family: the :class:`Task` interface and the parts that
+several families share (the on-device front end, the model section of a config).
+
+A family subclasses :class:`Task` in its own module of :mod:`jasr.tasks` and is registered there by one line. The
+class answers the questions asked before any data is read (config checks, subsampling, feature and label rules),
+:meth:`Task.build` makes an instance from a run config, and the instance (a hashable, static argument of the
+jitted steps) initialises, scores and decodes the network.
+
+Batches are dicts of arrays: ``features [B, T, F]`` + ``feature_paddings [B, T]`` or ``audio [B, S]`` +
+``audio_paddings [B, S]``; ``labels [B, N]`` + ``label_paddings [B, N]``; ``row_weights [B]`` (0 for the loader's
+padding rows); paddings are 1.0 where padded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from typing import Any, Callable, ClassVar
+
+import flax.linen as nn
+import jax
+import ml_collections
+
+from jasr import augment
+from jasr.errors import ConfigError
+from jasr.features import FeatureConfig, compute_features_jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontend:
+    """On-device feature extraction (for batches of raw audio) and SpecAugment (training only); hashable."""
+    feature_config: Any = None         # FeatureConfig when batches carry raw audio to featurise on device
+    spec_augment: tuple = ()           # (freq_masks, max_freq_width, time_masks, max_time_width) or ()
+
+    @classmethod
+    def from_config(cls, cfg: ml_collections.ConfigDict, fc: FeatureConfig) -> "Frontend":
+        d = cfg.data
+        return cls(fc if (d.device_features and d.feature != "raw") else None,
+                   (d.freq_masks, d.max_freq_width, d.time_masks, d.max_time_width) if d.spec_augment else ())
+
+    def __call__(self, batch: dict, key, train: bool) -> dict:
+        if self.feature_config is not None and "audio" in batch:
+            feats, pads = compute_features_jax(batch["audio"], batch["audio_paddings"], self.feature_config)
+            batch = {k: v for k, v in batch.items() if k not in ("audio", "audio_paddings")}
+            batch["features"], batch["feature_paddings"] = feats, pads
+        if train and self.spec_augment and key is not None and "features" in batch:
+            fm, fw, tm, tw = self.spec_augment
+            batch = dict(batch)
+            batch["features"] = augment.spec_augment(jax.random.fold_in(key, 7), batch["features"],
+                                                     batch["feature_paddings"], num_freq_masks=fm,
+                                                     max_freq_width=fw, num_time_masks=tm, max_time_width=tw)
+        return batch
+
+
+def model_fields(cfg: ml_collections.ConfigDict) -> dict:
+    """The config's model section minus ``name``, as a plain dict."""
+    return {k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
+            for k, v in cfg.model.items() if k != "name"}
+
+
+def read_hf_config(hf_dir: str | None) -> dict | None:
+    """The config.json of a Hugging Face model folder as a dict (None without a folder)."""
+    if not hf_dir:
+        return None
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def require(cond: bool, msg: str) -> None:
+    """Raises ConfigError(msg) unless `cond`."""
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A model family: the network and everything the pipeline needs to know to train and decode it.
+
+    Instance methods are pure functions of pytrees (called inside jit):
+    ``init(key, batch) -> variables``; ``loss(params, model_state, batch, key, train) -> (loss_sum, (weight,
+    new_model_state, aux))``, the reported loss being ``loss_sum / weight`` (weight = label tokens, or masked
+    frames for pre-training); ``greedy_decode(params, model_state, batch) -> (ids [B, L] left-aligned, lengths
+    [B])`` or None for a model without a decoder.
+    """
+    model: nn.Module
+    frozen: tuple = ()            # parameter path prefixes that get no gradient and no update (jasr.optim)
+    blank_id: int = 0
+
+    name: ClassVar[str] = ""
+    loss_types: ClassVar[tuple[str, ...]] = ()    # the values of loss.type this family trains with
+    needs_transcripts: ClassVar[bool] = True      # False: self-supervised; dev evaluation reports the loss only
+    logged_aux: ClassVar[tuple[str, ...]] = ()    # per-step aux values averaged into the train log
+    has_feature_encoder: ClassVar[bool] = False   # train.freeze_feature_encoder applies
+
+    # -- questions asked of the config, before any data is read ---------------------------------------------------
+    @classmethod
+    def model_config_class(cls) -> type:
+        """The dataclass whose fields are the keys allowed in the config's model section."""
+        raise NotImplementedError
+
+    @classmethod
+    def extra_model_keys(cls) -> frozenset:
+        """Model-section keys that are not fields of model_config_class (module options)."""
+        return frozenset()
+
+    @classmethod
+    def check_config(cls, cfg: ml_collections.ConfigDict) -> None:
+        """Family-specific checks; raises ConfigError naming the key. The base checks loss.type and the model keys."""
+        require(cfg.loss.type in cls.loss_types, f"config 'loss.type'={cfg.loss.type!r} does not fit model "
+                                                 f"{cls.name!r} (use one of {cls.loss_types})")
+        fields = {f.name for f in dataclasses.fields(cls.model_config_class())} | cls.extra_model_keys()
+        for k in model_fields(cfg):
+            if k not in fields:
+                close = difflib.get_close_matches(k, sorted(fields), n=3)
+                hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+                raise ConfigError(f"unknown config key 'model.{k}' for model {cls.name!r}{hint}")
+        require(not cfg.train.init_from or cls.load_pretrained is not Task.load_pretrained,
+                f"config 'train.init_from' is not supported for {cls.name!r} (Hugging Face import exists for "
+                f"wav2vec2 and whisper)")
+        require(cls.has_feature_encoder or not cfg.train.freeze_feature_encoder,
+                f"config 'train.freeze_feature_encoder' is for wav2vec2 models, not {cls.name!r}")
+
+    @classmethod
+    def subsampling(cls, cfg: ml_collections.ConfigDict) -> int:
+        """Loader frames (10 ms) per network output frame; the loader checks that labels fit."""
+        return 1
+
+    @classmethod
+    def feature_config(cls, cfg: ml_collections.ConfigDict) -> FeatureConfig:
+        """The features the loader (or the on-device front end) computes."""
+        d = cfg.data
+        if d.feature == "raw":   # waveforms; the fbank config only sizes frames for bucketing
+            return FeatureConfig(kind="fbank", sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
+                                 normalize="none")
+        return FeatureConfig(kind=d.feature, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
+                             normalize=d.normalize)
+
+    @classmethod
+    def label_fn(cls, tokenizer) -> Callable[[str], list[int]] | None:
+        """How the loader turns a transcript into labels (None: tokenizer.encode)."""
+        return None
+
+    @classmethod
+    def init_length(cls, raw_audio: bool) -> int:
+        """Frames (or samples, for raw audio) of the dummy batch that shapes the parameters."""
+        return 64000 if raw_audio else 400
+
+    @classmethod
+    def build(cls, cfg: ml_collections.ConfigDict, vocab_size: int, fc: FeatureConfig, *, tokenizer=None,
+              hf_dir: str | None = None) -> "Task":
+        """The task of a run config (`vocab_size` and the input dimension come from the data; `hf_dir`: a folder
+        with a Hugging Face config.json the architecture is read from)."""
+        raise NotImplementedError
+
+    # -- pure functions of pytrees ----------------------------------------------------------------------------
+    def init(self, key: jax.Array, batch: dict) -> dict:
+        raise NotImplementedError
+
+    def loss(self, params, model_state, batch: dict, key, train: bool):
+        raise NotImplementedError
+
+    def greedy_decode(self, params, model_state, batch: dict):
+        return None
+
+    def load_pretrained(self, directory: str, key: jax.Array) -> dict:
+        """The parameter tree from a Hugging Face directory (strict about every tensor used)."""
+        raise ConfigError(f"train.init_from is not supported for {self.name!r}")
+
+    @property
+    def has_decoder(self) -> bool:
+        return self.needs_transcripts
+
+    @property
+    def best_metric(self) -> str:
+        """The dev metric that picks the best checkpoint: WER, or the loss for a model without a decoder."""
+        return "dev_wer" if self.has_decoder else "dev_loss"

@@ -1,0 +1,156 @@
+"""Conformer families trained from scratch on fbank/MFCC features: Conformer-CTC (``conformer_ctc``) and the
+attention encoder-decoder with an optional CTC head (``conformer_aed``, loss.type "attention" or "joint")."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jasr import losses
+from jasr.decoding import ctc_greedy_decode
+from jasr.features import feature_dim
+from jasr.tasks.base import Frontend, Task, model_fields, require
+from models.aed import AEDConfig, AEDModel, greedy_search, shift_labels
+from models.conformer import ConformerConfig, ConformerCTC
+
+
+def _precision_fields(cfg: ml_collections.ConfigDict) -> dict:
+    fields = model_fields(cfg)
+    if cfg.train.precision == "bfloat16":
+        fields["dtype"] = "bfloat16"
+    return fields
+
+
+@dataclasses.dataclass(frozen=True)
+class _FeatureTask(Task):
+    """A network that reads features through a :class:`Frontend` and may carry mutable collections."""
+    frontend: Frontend = Frontend()
+
+    @classmethod
+    def check_config(cls, cfg: ml_collections.ConfigDict) -> None:
+        super().check_config(cfg)
+        require(cfg.data.feature in ("fbank", "mfcc", "whisper"),
+                f"config 'data.feature' must be 'fbank', 'mfcc' or 'whisper' for model {cls.name!r} (it reads "
+                f"features), got {cfg.data.feature!r}")
+
+    def apply(self, params, model_state, *args, key=None, train: bool = False, **kw):
+        """model.apply with the mutable collections of `model_state` (updated when training)."""
+        variables = {"params": params, **model_state}
+        rngs = {"dropout": key} if (train and key is not None) else None
+        if train and model_state:
+            out, updates = self.model.apply(variables, *args, train=True, rngs=rngs, mutable=list(model_state),
+                                            **kw)
+            return out, dict(updates)
+        return self.model.apply(variables, *args, train=train, rngs=rngs, **kw), model_state
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformerCTCTask(_FeatureTask):
+    """Conformer encoder + linear CTC head; loss per label token; greedy CTC decoding."""
+    name = "conformer_ctc"
+    loss_types = ("ctc",)
+
+    @classmethod
+    def model_config_class(cls):
+        return ConformerConfig
+
+    @classmethod
+    def subsampling(cls, cfg):
+        return int(cfg.model.get("subsampling", 4))
+
+    @classmethod
+    def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
+        mcfg = ConformerConfig(**{**_precision_fields(cfg), "vocab_size": vocab_size, "input_dim": feature_dim(fc)})
+        return cls(model=ConformerCTC(mcfg), frontend=Frontend.from_config(cfg, fc))
+
+    def init(self, key, batch):
+        k1, k2 = jax.random.split(key)
+        batch = self.frontend(batch, None, False)
+        return self.model.init({"params": k1, "dropout": k2}, batch["features"], batch["feature_paddings"],
+                               train=False)
+
+    def ctc_logits(self, params, model_state, batch, key=None, train=False):
+        """((logits [B, T', V], paddings [B, T']), new model_state)."""
+        batch = self.frontend(batch, key, train)
+        return self.apply(params, model_state, batch["features"], batch["feature_paddings"], key=key, train=train)
+
+    def loss(self, params, model_state, batch, key, train):
+        (logits, pads), ms = self.ctc_logits(params, model_state, batch, key, train)
+        ctc_sum, tokens = losses.weighted_ctc_loss(logits, pads, batch["labels"], batch["label_paddings"],
+                                                   batch["row_weights"], self.blank_id)
+        return ctc_sum, (jnp.maximum(tokens, 1.0), ms, {"ctc": ctc_sum})
+
+    def greedy_decode(self, params, model_state, batch):
+        (logits, pads), _ = self.ctc_logits(params, model_state, batch)
+        return ctc_greedy_decode(logits, pads, self.blank_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformerAEDTask(_FeatureTask):
+    """Conformer (or Transformer) encoder, Transformer or LSTM decoder, optional CTC head.
+
+    loss.type "attention": label-smoothed KL per target token, greedy attention decoding for dev WER;
+    "joint": ``ctc_weight * CTC + (1 - ctc_weight) * attention`` per target token, greedy CTC decoding.
+    The vocabulary gets one more id for sos/eos.
+    """
+    joint: bool = False
+    ctc_weight: float = 0.3
+    label_smoothing: float = 0.1
+    name = "conformer_aed"
+    loss_types = ("attention", "joint")
+
+    @classmethod
+    def model_config_class(cls):
+        return AEDConfig
+
+    @classmethod
+    def subsampling(cls, cfg):
+        return int(dict(cfg.model.get("encoder", {})).get("subsampling", 4))
+
+    @classmethod
+    def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
+        fields = _precision_fields(cfg)
+        enc = dict(fields.pop("encoder", {}))
+        enc["input_dim"] = feature_dim(fc)
+        if "dtype" in fields:
+            enc["dtype"] = fields.pop("dtype")
+        joint = cfg.loss.type == "joint"
+        mcfg = AEDConfig.from_dict({**fields, "encoder": enc, "vocab_size": vocab_size + 1,   # + sos/eos id
+                                    "ctc_weight": cfg.loss.ctc_weight if joint else 0.0})
+        return cls(model=AEDModel(mcfg), frontend=Frontend.from_config(cfg, fc), joint=joint,
+                   ctc_weight=float(cfg.loss.ctc_weight), label_smoothing=float(cfg.loss.label_smoothing))
+
+    def init(self, key, batch):
+        k1, k2 = jax.random.split(key)
+        batch = self.frontend(batch, None, False)
+        return self.model.init({"params": k1, "dropout": k2}, batch["features"], batch["feature_paddings"],
+                               batch["labels"], batch["label_paddings"], train=False)
+
+    def loss(self, params, model_state, batch, key, train):
+        mcfg = self.model.config
+        batch = self.frontend(batch, key, train)
+        out, ms = self.apply(params, model_state, batch["features"], batch["feature_paddings"], batch["labels"],
+                             batch["label_paddings"], key=key, train=train)
+        _, targets, target_pads = shift_labels(batch["labels"], batch["label_paddings"], mcfg.sos_token,
+                                               mcfg.eos_token)
+        total, aux = losses.joint_ctc_attention_loss(
+            out["att_logits"], out["ctc_logits"], out["enc_paddings"], targets, target_pads, batch["labels"],
+            batch["label_paddings"], ctc_weight=self.ctc_weight if self.joint else 0.0,
+            label_smoothing=self.label_smoothing, blank_id=self.blank_id, row_weights=batch["row_weights"],
+            normalize="none")
+        logged = {"att": aux["att_loss"], **({"ctc": aux["ctc_loss"]} if "ctc_loss" in aux else {})}
+        return total, (jnp.maximum(aux["num_tokens"], 1.0), ms, logged)
+
+    def greedy_decode(self, params, model_state, batch):
+        batch = self.frontend(batch, None, False)
+        variables = {"params": params, **model_state}
+        if self.joint:   # the CTC head's best path
+            _, pads, logits = self.model.apply(variables, batch["features"], batch["feature_paddings"], False,
+                                               method=AEDModel.encode)
+            return ctc_greedy_decode(logits, pads, self.blank_id)
+        toks, tpad, _ = greedy_search(self.model, variables, batch["features"], batch["feature_paddings"],
+                                      batch["labels"].shape[1] + 1)
+        return toks.astype(jnp.int32), jnp.sum(1.0 - tpad, axis=1).astype(jnp.int32)
+

@@ -1,0 +1,150 @@
+"""Whisper fine-tuning (``whisper``): 30 s log-mel windows, the ``whisper:*`` BPE tokenizer, the decoder prompt
+``<|startoftranscript|><|lang|><|transcribe|><|notimestamps|>``, label-smoothed cross-entropy on the text tokens and
+``<|endoftext|>``, greedy decoding for dev WER; architecture and weights from a Hugging Face directory."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jasr import losses
+from jasr.errors import ConfigError
+from jasr.features import FeatureConfig
+from jasr.tasks.base import Task, model_fields, read_hf_config, require
+from jasr.tokenizers import WhisperTokenizer, normalize_whitespace
+from models.hf_io import load_state_dict
+from models.whisper import WhisperConfig, WhisperModel
+from models.whisper_generate import DecodeOptions, generate_from_encoder
+from models.whisper_hf import hf_to_params
+
+
+@dataclasses.dataclass(frozen=True)
+class WhisperTask(Task):
+    """Whisper encoder-decoder; loader labels are the BPE of " " + text followed by <|endoftext|>."""
+    label_smoothing: float = 0.1
+    prompt: tuple = ()            # <|startoftranscript|><|lang|><|transcribe|><|notimestamps|>
+    eos_id: int = 0               # <|endoftext|> (ends the targets and greedy decoding)
+    max_decode_tokens: int = 0    # dev decoding: 0 = label bucket length + 8
+    suppress_tokens: tuple = ()   # from generation_config.json of train.init_from
+    begin_suppress_tokens: tuple = ()
+    name = "whisper"
+    loss_types = ("attention",)
+
+    @classmethod
+    def model_config_class(cls):
+        return WhisperConfig
+
+    @classmethod
+    def extra_model_keys(cls):
+        return frozenset({"remat", "scan_layers"})     # WhisperModel options
+
+    @classmethod
+    def check_config(cls, cfg):
+        super().check_config(cfg)
+        d = cfg.data
+        require(d.feature == "whisper", f"config 'data.feature' must be 'whisper' for model 'whisper', "
+                                        f"got {d.feature!r}")
+        require(d.normalize == "none", f"config 'data.normalize' must be 'none' for model 'whisper' (its log-mel "
+                                       f"is scaled already), got {d.normalize!r}")
+        require(d.tokenizer != "char", "config 'data.tokenizer' must be a Whisper tokenizer for model 'whisper' "
+                                       "('whisper:multilingual', 'whisper:gpt2' or a tokenizer file), got 'char'")
+        require(not d.spec_augment, "config 'data.spec_augment' is not supported for model 'whisper'")
+        require(not d.device_features, "config 'data.device_features' is not supported for model 'whisper' (its "
+                                       "log-mel windows are computed by the loader)")
+
+    @classmethod
+    def feature_config(cls, cfg):
+        d = cfg.data   # 30 s windows, as WhisperFeatureExtractor
+        return FeatureConfig(kind="whisper", sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
+                             normalize="none", whisper_pad_or_trim=True)
+
+    @classmethod
+    def label_fn(cls, tokenizer):
+        return lambda text: tokenizer.encode(" " + normalize_whitespace(text)) + [tokenizer.eot]
+
+    @classmethod
+    def init_length(cls, raw_audio):
+        return 3000
+
+    @classmethod
+    def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
+        if not isinstance(tokenizer, WhisperTokenizer):
+            raise ConfigError(f"config 'data.tokenizer': model 'whisper' needs a Whisper tokenizer, got {tokenizer!r}")
+        fields = model_fields(cfg)
+        dtype = "bfloat16" if cfg.train.precision == "bfloat16" else fields.pop("dtype", "float32")
+        fields.pop("dtype", None)
+        remat, scan = bool(fields.pop("remat", False)), bool(fields.pop("scan_layers", False))
+        hf = read_hf_config(hf_dir)
+        try:
+            mcfg = WhisperConfig.from_hf_dict({**hf, **fields}) if hf else WhisperConfig(**fields)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config 'model' for 'whisper': {e}") from e
+        if mcfg.vocab_size < tokenizer.vocab_size:
+            raise ConfigError(f"config 'data.tokenizer': {tokenizer!r} has {tokenizer.vocab_size} tokens, more than "
+                              f"the model's vocab_size {mcfg.vocab_size}")
+        if mcfg.num_mel_bins != cfg.data.num_mel_bins:
+            raise ConfigError(f"config 'data.num_mel_bins'={cfg.data.num_mel_bins} must equal the Whisper model's "
+                              f"num_mel_bins={mcfg.num_mel_bins}")
+        gen = {}
+        if hf_dir and os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
+            with open(os.path.join(hf_dir, "generation_config.json")) as f:
+                gen = json.load(f)
+        model = WhisperModel(mcfg, dtype=jnp.dtype(dtype), remat=remat, scan_layers=scan)
+        return cls(model=model, frozen=("encoder/embed_positions",),   # sinusoids, frozen as in transformers
+                   label_smoothing=float(cfg.loss.label_smoothing),
+                   prompt=tuple(int(x) for x in tokenizer.sot_sequence_including_notimestamps),
+                   eos_id=int(tokenizer.eot), max_decode_tokens=int(cfg.train.max_decode_tokens),
+                   suppress_tokens=tuple(int(x) for x in (gen.get("suppress_tokens") or ())),
+                   begin_suppress_tokens=tuple(int(x) for x in (gen.get("begin_suppress_tokens") or ())))
+
+    def init(self, key, batch):
+        k1, k2 = jax.random.split(key)
+        ids = jnp.zeros((batch["labels"].shape[0], 4), jnp.int32)
+        return nn.unbox(self.model.init({"params": k1, "dropout": k2}, jnp.swapaxes(batch["features"], 1, 2), ids))
+
+    def decoder_inputs(self, batch):
+        """(features [B, n_mels, 3000], decoder inputs [B, P + N - 1], targets, target weights): inputs = prompt +
+        labels[:-1]; the loss covers the text tokens and <|endoftext|> only."""
+        labels, lpad = batch["labels"], batch["label_paddings"]
+        b, n = labels.shape
+        p = len(self.prompt)
+        limit = self.model.config.max_target_positions
+        if p + n - 1 > limit:
+            raise ValueError(f"whisper: prompt ({p}) + label bucket ({n}) tokens exceed max_target_positions={limit}; "
+                             f"use shorter utterances")
+        full = jnp.concatenate([jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p)),
+                                labels.astype(jnp.int32)], axis=1)
+        weights = jnp.concatenate([jnp.zeros((b, p - 1), jnp.float32), 1.0 - lpad], axis=1)
+        weights = weights * batch["row_weights"][:, None]
+        return jnp.swapaxes(batch["features"], 1, 2), full[:, :-1], full[:, 1:], weights
+
+    def loss(self, params, model_state, batch, key, train):
+        feats, inputs, targets, w = self.decoder_inputs(batch)
+        model = self.model.clone(deterministic=not train) if train else self.model
+        rngs = {"dropout": key} if (train and key is not None) else None
+        logits = model.apply({"params": params}, feats, inputs, rngs=rngs)
+        smoothed, nll = losses.label_smoothed_nll(logits, targets, self.label_smoothing)
+        return jnp.sum(smoothed * w), (jnp.maximum(jnp.sum(w), 1.0), {}, {"nll": jnp.sum(nll * w)})
+
+    def greedy_decode(self, params, model_state, batch):
+        feats = jnp.swapaxes(batch["features"], 1, 2)
+        b, n = batch["labels"].shape
+        p = len(self.prompt)
+        max_new = min(self.max_decode_tokens or n + 8, self.model.config.max_target_positions - p)
+        opts = DecodeOptions(max_new_tokens=max_new, eos_token_id=self.eos_id, pad_token_id=self.eos_id,
+                             suppress_tokens=self.suppress_tokens, begin_suppress_tokens=self.begin_suppress_tokens)
+        enc = self.model.apply({"params": params}, feats, method="encode")
+        prompt = jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p))
+        seqs, _ = generate_from_encoder(self.model, params, enc, prompt, opts)
+        generated = seqs[:, p:]
+        is_eos = generated == self.eos_id
+        lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), generated.shape[1])
+        return generated.astype(jnp.int32), lengths.astype(jnp.int32)
+
+    def load_pretrained(self, directory, key):
+        """Every tensor of the checkpoint, mapped by name."""
+        return hf_to_params(load_state_dict(directory), self.model.config, scan_layers=self.model.scan_layers)
