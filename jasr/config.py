@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from jasr.errors import ConfigError
-from jasr.tasks import MODEL_NAMES, family
+from jasr.tasks import family
 
 LOSSES = ("ctc", "attention", "joint", "wav2vec2_pretrain")
 PRECISIONS = ("float32", "bfloat16")
@@ -193,8 +193,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                  f"config 'data.{name}' out of range: {d[name]}")
     if not d.demo:
         _require(bool(d.train_manifest), "config 'data.train_manifest' is empty (set it, or data.demo=True)")
-    _require(cfg.model.get("name") in MODEL_NAMES,
-             f"config 'model.name' must be one of {MODEL_NAMES}, got {cfg.model.get('name')!r}")
+    family(cfg.model.get("name"))   # a ConfigError naming the registered families if it is none of them
     _require(l.type in LOSSES, f"config 'loss.type' must be one of {LOSSES}, got {l.type!r}")
     _require(0.0 <= l.ctc_weight <= 1.0, f"config 'loss.ctc_weight' must be in [0, 1], got {l.ctc_weight}")
     _require(0.0 <= l.label_smoothing < 1.0, f"config 'loss.label_smoothing' must be in [0, 1), "

@@ -29,13 +29,8 @@ import numpy as np
 from absl import flags
 
 from jasr.audio import AudioError, audio_info, load_audio
-from jasr.features import (
-    CmvnStats,
-    FeatureConfig,
-    compute_features,
-    feature_dim,
-    num_frames,
-)
+from jasr.features import (CmvnStats, FeatureConfig, accumulate_cmvn, compute_features, feature_dim, num_frames,
+                           time_major)
 
 __all__ = ["Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig",
            "AsrLoader", "make_loader", "plan_epoch", "AUDIO_EXTENSIONS"]

@@ -2,7 +2,7 @@
 
 The device part (:func:`ctc_greedy_decode`) is jittable and shape-static: it returns the collapsed ids left-aligned
 in a [B, T] array with their lengths. :func:`ctc_greedy_ids` turns that into Python lists and
-:func:`ids_to_text` applies a tokenizer. Beam search and graph decoding come later (issue 6).
+:func:`ids_to_text` applies a tokenizer.
 """
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def _apply_filters(key: tuple, power: np.ndarray) -> np.ndarray:
     """Mel filters [M, K] (sparse) applied to a power spectrum [T, K] -> [M, T] float64.
 
     A sparse product: it is exact and, unlike a dense BLAS matmul of these small shapes, never spins up
-    BLAS threads (which made host feature extraction 50x slower on a loaded machine).
+    BLAS threads (which stall host feature extraction on a loaded machine).
     """
     return np.asarray(_sparse_rows(key) @ power.T)
 

@@ -28,17 +28,8 @@ from jasr.config import ConfigError, load_saved_config, save_config, validate_co
 from jasr.data import Utterance
 from jasr.logs import TrainLogger
 from jasr.optim import make_optimizer_from_config
-from jasr.run_data import (
-    device_inputs,
-    dummy_batch,
-    feature_config,
-    make_eval_loader,
-    make_train_loader,
-    prepare_data,
-    raw_audio_batches,
-    reference_texts,
-    resolve,
-)
+from jasr.run_data import (device_inputs, dummy_batch, feature_config, make_eval_loader, make_train_loader,
+                           prepare_data, raw_audio_batches, reference_texts, resolve)
 from jasr.steps import TrainState, create_train_state, eval_step, step_key, train_step
 from jasr.tasks import Task, build_task, family
 from jasr.tokenizers import load_tokenizer

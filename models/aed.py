@@ -17,14 +17,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from models.conformer import Conv2dSubsampling, ConformerConfig, ConformerEncoder, check_encoder_inputs
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import (TransformerConfig, TransformerDecoder, TransformerEncoder, constrain, dense,
                                 lengths_from_paddings, paddings_from_lengths)
-
-
 
 
 @dataclasses.dataclass(frozen=True)

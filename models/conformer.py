@@ -44,18 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.hf_io import StrictKeys
-from models.transformer import (
-    NEG_INF,
-    canonical_dtype,
-    check_features,
-    constrain,
-    dense,
-    layer_norm,
-    lengths_from_paddings,
-    paddings_from_lengths,
-    partitioned,
-    sinusoidal_positions,
-)
+from models.transformer import (NEG_INF, canonical_dtype, check_features, constrain, dense, layer_norm,
+                                lengths_from_paddings, paddings_from_lengths, partitioned, sinusoidal_positions)
 
 _SUBSAMPLING = {"conv2d": (4, 6, 8), "dw_striding": (2, 4, 8, 16)}
 

@@ -23,13 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from models.hf_io import (
-    CheckpointKeyError,
-    StrictKeys,
-    load_config,
-    load_state_dict,
-    save_checkpoint,
-)
+from models.hf_io import CheckpointKeyError, StrictKeys, load_config, load_state_dict, save_checkpoint
 from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC, Wav2Vec2Model
 from models.wav2vec2_pretrain import Wav2Vec2ForPreTraining
 

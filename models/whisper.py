@@ -228,8 +228,8 @@ def _attend(q, k, v, bias, dtype, dropout: Optional[nn.Dropout] = None):
 
     Scores and softmax are float32. Long unmasked queries (the encoder's 1500) are processed one (example, head) at
     a time in blocks of <= 512 rows (``lax.map``), with the softmax normalisation applied to the [rows, D] output
-    instead of the [rows, Lk] probabilities: the score block stays in cache (~3x faster on CPU than one
-    [B, H, Lq, Lk] matrix, ~12% faster than blocks over all heads), and memory is linear in the batch size."""
+    instead of the [rows, Lk] probabilities: the score block stays in cache (unlike one [B, H, Lq, Lk] matrix or
+    blocks over all heads), and memory is linear in the batch size."""
     qt = jnp.swapaxes(q, 1, 2)                                                                # [B, H, Lq, D]
     kt, vt = k.astype(q.dtype), v.astype(dtype)
 

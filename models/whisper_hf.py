@@ -22,13 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from models.hf_io import (
-    CheckpointKeyError,
-    StrictKeys,
-    load_config,
-    load_state_dict,
-    save_checkpoint,
-)
+from models.hf_io import CheckpointKeyError, StrictKeys, load_config, load_state_dict, save_checkpoint
 from models.whisper import WhisperConfig, WhisperModel
 
 Params = Any

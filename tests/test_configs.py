@@ -7,16 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from jasr.config import (
-    ConfigError,
-    apply_override,
-    base_config,
-    config_from_argv,
-    load_config_file,
-    load_saved_config,
-    save_config,
-    validate_config,
-)
+from jasr.config import (ConfigError, apply_override, base_config, config_from_argv, load_config_file,
+                         load_saved_config, save_config, validate_config)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))

@@ -21,21 +21,10 @@ from transformers.models.wav2vec2 import modeling_wav2vec2 as hf_mod
 import models.wav2vec2_pretrain as w2v_pt
 from jasr.losses import wav2vec2_ctc_loss
 from models.hf_io import CheckpointKeyError
-from models.wav2vec2 import (
-    Wav2Vec2Config,
-    Wav2Vec2ForCTC,
-    Wav2Vec2Model,
-    compute_mask_indices,
-    feat_extract_output_lengths,
-)
-from models.wav2vec2_hf import (
-    from_pretrained,
-    load_native,
-    params_from_hf_state_dict,
-    params_to_hf_state_dict,
-    save_native,
-    save_pretrained,
-)
+from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2ForCTC, Wav2Vec2Model, compute_mask_indices,
+                             feat_extract_output_lengths)
+from models.wav2vec2_hf import (from_pretrained, load_native, params_from_hf_state_dict, params_to_hf_state_dict,
+                                save_native, save_pretrained)
 from models.wav2vec2_pretrain import pretraining_loss, sample_negative_indices
 
 LENGTHS = [1600, 1234, 777]  # samples; -> 79, 61, 37 frames with the tiny conv stack below

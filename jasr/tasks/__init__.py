@@ -21,13 +21,12 @@ FAMILIES: dict[str, type[Task]] = {cls.name: cls for cls in (
     Wav2Vec2PretrainTask,
     WhisperTask,
 )}
-MODEL_NAMES = tuple(FAMILIES)
 
 
 def family(name: str) -> type[Task]:
     """The Task class registered for config ``model.name``."""
     if name not in FAMILIES:
-        raise ConfigError(f"config 'model.name' must be one of {MODEL_NAMES}, got {name!r}")
+        raise ConfigError(f"config 'model.name' must be one of {tuple(FAMILIES)}, got {name!r}")
     return FAMILIES[name]
 
 
@@ -36,4 +35,4 @@ def build_task(cfg, vocab_size: int, fc, *, tokenizer=None, hf_dir: str | None =
     return family(cfg.model.name).build(cfg, vocab_size, fc, tokenizer=tokenizer, hf_dir=hf_dir)
 
 
-__all__ = ["FAMILIES", "MODEL_NAMES", "Frontend", "Task", "build_task", "family", "model_fields"]
+__all__ = ["FAMILIES", "Frontend", "Task", "build_task", "family", "model_fields"]

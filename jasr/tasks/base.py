@@ -59,6 +59,15 @@ def model_fields(cfg: ml_collections.ConfigDict) -> dict:
             for k, v in cfg.model.items() if k != "name"}
 
 
+def model_fields_with_precision(cfg: ml_collections.ConfigDict) -> dict:
+    """model_fields plus ``dtype="bfloat16"`` when train.precision is bfloat16 (the compute dtype; params stay
+    float32)."""
+    fields = model_fields(cfg)
+    if cfg.train.precision == "bfloat16":
+        fields["dtype"] = "bfloat16"
+    return fields
+
+
 def read_hf_config(hf_dir: str | None) -> dict | None:
     """The config.json of a Hugging Face model folder as a dict (None without a folder)."""
     if not hf_dir:

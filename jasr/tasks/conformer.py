@@ -11,16 +11,9 @@ import ml_collections
 from jasr import losses
 from jasr.decoding import ctc_greedy_decode
 from jasr.features import feature_dim
-from jasr.tasks.base import Frontend, Task, model_fields, require
+from jasr.tasks.base import Frontend, Task, model_fields_with_precision, require
 from models.aed import AEDConfig, AEDModel, greedy_search, shift_labels
 from models.conformer import ConformerConfig, ConformerCTC
-
-
-def _precision_fields(cfg: ml_collections.ConfigDict) -> dict:
-    fields = model_fields(cfg)
-    if cfg.train.precision == "bfloat16":
-        fields["dtype"] = "bfloat16"
-    return fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +55,7 @@ class ConformerCTCTask(_FeatureTask):
 
     @classmethod
     def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
-        mcfg = ConformerConfig(**{**_precision_fields(cfg), "vocab_size": vocab_size, "input_dim": feature_dim(fc)})
+        mcfg = ConformerConfig(**{**model_fields_with_precision(cfg), "vocab_size": vocab_size, "input_dim": feature_dim(fc)})
         return cls(model=ConformerCTC(mcfg), frontend=Frontend.from_config(cfg, fc))
 
     def init(self, key, batch):
@@ -111,7 +104,7 @@ class ConformerAEDTask(_FeatureTask):
 
     @classmethod
     def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
-        fields = _precision_fields(cfg)
+        fields = model_fields_with_precision(cfg)
         enc = dict(fields.pop("encoder", {}))
         enc["input_dim"] = feature_dim(fc)
         if "dtype" in fields:

@@ -13,15 +13,11 @@ import jax.numpy as jnp
 from jasr import losses
 from jasr.decoding import ctc_greedy_decode
 from jasr.errors import ConfigError
-from jasr.tasks.base import Task, model_fields, read_hf_config, require
+from jasr.tasks.base import Task, model_fields_with_precision, read_hf_config, require
 from models.hf_io import load_state_dict
 from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC
 from models.wav2vec2_hf import params_from_hf_state_dict
-from models.wav2vec2_pretrain import (
-    Wav2Vec2ForPreTraining,
-    pretraining_loss,
-    sample_pretraining_inputs,
-)
+from models.wav2vec2_pretrain import Wav2Vec2ForPreTraining, pretraining_loss, sample_pretraining_inputs
 
 
 def normalize_audio(audio, paddings):
@@ -65,10 +61,7 @@ class _Wav2Vec2Task(Task):
 
     @classmethod
     def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
-        fields = model_fields(cfg)
-        if cfg.train.precision == "bfloat16":
-            fields["dtype"] = "bfloat16"
-        fields = cls.head_fields(fields, vocab_size)
+        fields = cls.head_fields(model_fields_with_precision(cfg), vocab_size)
         hf = read_hf_config(hf_dir)
         try:
             mcfg = Wav2Vec2Config.from_hf(hf, **fields) if hf else Wav2Vec2Config(**fields)
