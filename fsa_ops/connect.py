@@ -5,8 +5,8 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order  # scipy ships with jax (a hard dependency)
 
-from fsa_ops._host import as_numpy, empty_like, renumber
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.host import as_numpy, empty_like, renumber
 
 __all__ = ["connect", "accessible_states", "coaccessible_states"]
 

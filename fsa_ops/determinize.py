@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, build, map_fsas
 from fsa_ops.fsa import Fsa
+from fsa_ops.host import as_numpy, build, map_fsas
 
 __all__ = ["determinize"]
 

@@ -7,6 +7,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.unary import add_epsilon_self_loops
 
 __all__ = ["linear_fsa", "linear_fst", "linear_fsa_with_self_loops", "linear_fst_with_self_loops", "ctc_topo",
            "ctc_graph", "levenshtein_graph", "trivial_graph"]
@@ -71,14 +72,12 @@ def linear_fst(labels: Labels, aux_labels: Labels) -> Fsa:
 def linear_fsa_with_self_loops(fsas) -> Fsa:
     """k2's linear_fsa_with_self_loops: `linear_fsa(labels)` (or a given linear Fsa/batch) with an epsilon
     self-loop (score 0) first on every non-final state."""
-    from fsa_ops.unary import add_epsilon_self_loops
     return add_epsilon_self_loops(fsas if isinstance(fsas, Fsa) else linear_fsa(fsas))
 
 
 def linear_fst_with_self_loops(fsts: Fsa) -> Fsa:
     """k2's linear_fst_with_self_loops: a linear transducer (e.g. from linear_fst) with epsilon self-loops
     (label 0, aux_label 0, score 0) on every non-final state."""
-    from fsa_ops.unary import add_epsilon_self_loops
     if "aux_labels" not in fsts.attrs:
         raise ValueError("linear_fst_with_self_loops: the input has no aux_labels; use linear_fsa_with_self_loops")
     return add_epsilon_self_loops(fsts)

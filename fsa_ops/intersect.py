@@ -15,8 +15,10 @@ from typing import Optional
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, build, empty_like, index_attr
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.host import as_numpy, build, empty_like, index_attr
+from fsa_ops.sort import arc_sort
+from fsa_ops.unary import invert
 
 __all__ = ["intersect", "compose"]
 
@@ -179,8 +181,6 @@ def compose(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
     Implemented as k2: intersect(arc_sort(invert(a_fsa)), b_fsa), then the result's labels are a_fsa's input
     labels and its aux_labels are b_fsa's aux_labels (or the matched labels if b_fsa is an acceptor);
     `inner_labels` names an attribute that receives the matched labels. b_fsa must be arc-sorted."""
-    from fsa_ops.sort import arc_sort
-    from fsa_ops.unary import invert
     a = as_numpy(a_fsa, "a_fsa")
     b = as_numpy(b_fsa, "b_fsa")
     if "aux_labels" not in a.attrs or np.asarray(a.attrs["aux_labels"]).ndim != a.label.ndim:

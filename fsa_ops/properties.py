@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fsa_ops.fsa import Fsa
+from fsa_ops.connect import accessible_states, coaccessible_states
+from fsa_ops.fsa import Fsa, check_fsa
 
 __all__ = ["VALID", "NONEMPTY", "TOPSORTED", "TOPSORTED_AND_ACYCLIC", "ARC_SORTED",
            "ARC_SORTED_AND_DETERMINISTIC", "EPSILON_FREE", "ACCESSIBLE", "COACCESSIBLE", "ALL",
@@ -28,8 +29,6 @@ _NAMES = [(VALID, "Valid"), (NONEMPTY, "Nonempty"), (TOPSORTED, "TopSorted"),
 
 
 def _one(fsa: Fsa) -> int:
-    from fsa_ops.connect import accessible_states, coaccessible_states
-    from fsa_ops.fsa import check_fsa
     src, dst, lab = (np.asarray(x).astype(np.int64) for x in (fsa.src, fsa.dst, fsa.label))
     ns = int(fsa.num_states)
     p = 0

@@ -18,8 +18,10 @@ from collections import deque
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, build, empty_like
+from fsa_ops.connect import connect
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.host import as_numpy, build, empty_like
+from fsa_ops.unary import add_epsilon_self_loops
 
 __all__ = ["remove_epsilon", "remove_epsilon_and_add_self_loops"]
 
@@ -103,7 +105,6 @@ def _eps_acyclic(ns, src, dst):
 
 
 def _remove_epsilon_one(fsa: Fsa, log_semiring: bool) -> Fsa:
-    from fsa_ops.connect import connect
     ns = int(fsa.num_states)
     if ns == 0:
         return fsa
@@ -191,5 +192,4 @@ def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
 def remove_epsilon_and_add_self_loops(fsa: Fsa, log_semiring: bool = False) -> Fsa:
     """remove_epsilon, then an epsilon self-loop on every non-final state (k2; prepares an FSA for
     intersection with treat_epsilons_specially=False)."""
-    from fsa_ops.unary import add_epsilon_self_loops
     return add_epsilon_self_loops(remove_epsilon(fsa, log_semiring=log_semiring))

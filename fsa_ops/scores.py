@@ -54,7 +54,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# small numerics helpers (shared with dense.py / pruned.py / shortest_path.py)
+# small numerics helpers (shared with the dense, pruned, shortest-path and CTC modules)
 # --------------------------------------------------------------------------------------------
 
 
@@ -76,11 +76,38 @@ def safe_logsumexp(x, axis=-1):
 
 
 def semiring_reduce(x, axis, log_semiring: bool):
+    """log-sum-exp (`safe_logsumexp`) or max over `axis`."""
     return safe_logsumexp(x, axis=axis) if log_semiring else jnp.max(x, axis=axis)
 
 
 def is_traced(*xs) -> bool:
+    """Whether any of `xs` is a JAX tracer (its values are unknown on the host)."""
     return any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+# exp(x) of arguments below this is flushed to exactly 0 (see `exp_flushed`).
+EXP_FLOOR = -80.0
+
+
+def exp_flushed(x):
+    """exp(x) for x <= 0, with results below exp(EXP_FLOOR) ~ 1.8e-35 flushed to 0 instead of a
+    float32 subnormal: XLA does not flush subnormals and their arithmetic is slow on x86 CPUs, and
+    terms this small cannot change a sum that contains exp(0) = 1."""
+    return jnp.where(x > EXP_FLOOR, jnp.exp(jnp.maximum(x, EXP_FLOOR)), 0.0)
+
+
+def shift_states(x, by: int, fill=NEG_INF):
+    """x[..., s - by] along the last axis with `fill` shifted in (`by` static, either sign; all
+    `fill` when |by| >= the axis length)."""
+    if by == 0:
+        return x
+    n = x.shape[-1]
+    if abs(by) >= n:
+        return jnp.full_like(x, fill)
+    pad = jnp.full(x.shape[:-1] + (abs(by),), fill, x.dtype)
+    if by > 0:
+        return jnp.concatenate([pad, x[..., :n - by]], axis=-1)
+    return jnp.concatenate([x[..., -by:], pad], axis=-1)
 
 
 def bucket(n: int) -> int:
@@ -98,7 +125,8 @@ def bucket(n: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-class _Arcs(NamedTuple):
+class Arcs(NamedTuple):
+    """The arcs of a batch of FSAs as padded arrays (what `fsa_arrays` returns)."""
     src: jax.Array        # int32 [B, A]
     dst: jax.Array        # int32 [B, A]
     label: jax.Array      # int32 [B, A]
@@ -108,7 +136,7 @@ class _Arcs(NamedTuple):
 
 
 def fsa_arrays(fsa, name: str = "fsas"):
-    """Return (_Arcs with a batch dim, max_states, was_batch) for an Fsa or FsaVec."""
+    """Return (Arcs with a batch dim, max_states, was_batch) for an Fsa or FsaVec."""
     for f in ("src", "dst", "label", "score", "num_states", "num_arcs"):
         if not hasattr(fsa, f):
             raise TypeError(f"{name}: expected an fsa_ops Fsa/FsaVec, got {type(fsa).__name__} "
@@ -123,7 +151,7 @@ def fsa_arrays(fsa, name: str = "fsas"):
     if not batch:
         src, dst, label, score = (a[None] for a in (src, dst, label, score))
         ns, na = ns.reshape(1), na.reshape(1)
-    return _Arcs(src, dst, label, score, ns, na), int(fsa.max_states), batch
+    return Arcs(src, dst, label, score, ns, na), int(fsa.max_states), batch
 
 
 def _structural(x):
@@ -134,7 +162,7 @@ def _structural(x):
     return np.asarray(x).astype(np.int32)
 
 
-def valid_arcs(arcs: _Arcs):
+def valid_arcs(arcs: Arcs):
     """[B, A] bool: arc slot < num_arcs (numpy when num_arcs is concrete)."""
     A = arcs.src.shape[1]
     xp = jnp if is_traced(arcs.num_arcs) else np
@@ -200,14 +228,15 @@ def backward_state_step(beta, out_dst, out_score, log_semiring: bool):
 # --------------------------------------------------------------------------------------------
 
 
-def _table_arcs(arcs: _Arcs):
+def _table_arcs(arcs: Arcs):
     """Arcs that enter the in/out tables: real arcs whose score is not -inf (a -inf arc adds nothing
     to any score; leaving them out keeps the tables of lattices with masked arcs narrow)."""
     return valid_arcs(arcs) & ~jnp.isneginf(arcs.score)
 
 
-def _forward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
-    """Forward scores [B, S] and entering arcs [B, S] (argmax arc, -1 if none)."""
+def forward_core(arcs: Arcs, S: int, K: int, log_semiring: bool, dtype):
+    """Forward scores [B, S] and entering arcs [B, S] (argmax arc, -1 if none) of top-sorted FSAs:
+    a `lax.scan` over states reading the [B, S, K] table of incoming arcs (K >= in-degree)."""
     B, A = arcs.src.shape
     valid = _table_arcs(arcs)
     score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)
@@ -232,7 +261,7 @@ def _forward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
     return alpha, entering
 
 
-def _backward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
+def _backward_core(arcs: Arcs, S: int, K: int, log_semiring: bool, dtype):
     B, A = arcs.src.shape
     valid = _table_arcs(arcs)
     score = jnp.where(valid, arcs.score.astype(dtype), NEG_INF)
@@ -255,13 +284,14 @@ def _backward_core(arcs: _Arcs, S: int, K: int, log_semiring: bool, dtype):
     return beta
 
 
-def _tot_from_alpha(alpha, num_states):
+def tot_from_alpha(alpha, num_states):
+    """Total scores [B] from forward scores [B, S]: the final state's score (-inf for empty FSAs)."""
     final = jnp.maximum(num_states - 1, 0)
     tot = jnp.take_along_axis(alpha, final[:, None], axis=1)[:, 0]
     return jnp.where(num_states > 0, tot, NEG_INF)
 
 
-def _arc_post_core(arcs: _Arcs, alpha, beta, tot, dtype):
+def _arc_post_core(arcs: Arcs, alpha, beta, tot, dtype):
     valid = valid_arcs(arcs)
     fa = jnp.take_along_axis(alpha, arcs.src, axis=1)
     bb = jnp.take_along_axis(beta, arcs.dst, axis=1)
@@ -271,7 +301,7 @@ def _arc_post_core(arcs: _Arcs, alpha, beta, tot, dtype):
     return jnp.where(valid & ok[:, None], post, NEG_INF)
 
 
-def best_path_arcs(arcs: _Arcs, entering, tot):
+def best_path_arcs(arcs: Arcs, entering, tot):
     """Backtrack entering arcs from the final state.
 
     Returns (path [B, S] arc indices in path order padded with -1, length [B]).
@@ -296,12 +326,12 @@ def best_path_arcs(arcs: _Arcs, entering, tot):
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _forward_jit(arcs, S, K, log_semiring, dtype):
-    return _forward_core(arcs, S, K, log_semiring, dtype)[0]
+    return forward_core(arcs, S, K, log_semiring, dtype)[0]
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _entering_jit(arcs, S, K, log_semiring, dtype):
-    return _forward_core(arcs, S, K, log_semiring, dtype)
+    return forward_core(arcs, S, K, log_semiring, dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
@@ -314,13 +344,13 @@ def _backward_jit(arcs, S, K, log_semiring, dtype):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
 def _tot_scores(S, Kin, Kout, log_semiring, dtype, arcs):
-    alpha, _ = _forward_core(arcs, S, Kin, log_semiring, dtype)
-    return _tot_from_alpha(alpha, arcs.num_states)
+    alpha, _ = forward_core(arcs, S, Kin, log_semiring, dtype)
+    return tot_from_alpha(alpha, arcs.num_states)
 
 
 def _tot_scores_fwd(S, Kin, Kout, log_semiring, dtype, arcs):
-    alpha, entering = _forward_core(arcs, S, Kin, log_semiring, dtype)
-    tot = _tot_from_alpha(alpha, arcs.num_states)
+    alpha, entering = forward_core(arcs, S, Kin, log_semiring, dtype)
+    tot = tot_from_alpha(alpha, arcs.num_states)
     return tot, (arcs, alpha, entering, tot)
 
 
@@ -360,7 +390,11 @@ def _tot_jit(S, Kin, Kout, log_semiring, dtype, arcs):
 # --------------------------------------------------------------------------------------------
 
 
-def _prep(fsas, use_double_scores):
+def prepare_fsas(fsas, use_double_scores):
+    """Batched arcs and static sizes for the scoring functions: (Arcs, S, kin, kout, was_batch, dtype).
+
+    kin / kout: bucketed in/out degree of the arc tables (measured on the host when the structure
+    is concrete); checks that concrete FSAs are top-sorted."""
     arcs, S, batch = fsa_arrays(fsas)
     if S < 1:
         S = 1
@@ -375,7 +409,7 @@ def _prep(fsas, use_double_scores):
     return arcs, S, kin, kout, batch, score_dtype(use_double_scores)
 
 
-def _check_top_sorted(arcs: _Arcs):
+def _check_top_sorted(arcs: Arcs):
     src, dst, na = np.asarray(arcs.src), np.asarray(arcs.dst), np.asarray(arcs.num_arcs)
     ns = np.asarray(arcs.num_states)
     valid = np.arange(src.shape[1])[None, :] < na[:, None]
@@ -398,13 +432,13 @@ def _unbatch(x, batch):
 
 def get_forward_scores(fsas, use_double_scores: bool = True, log_semiring: bool = True):
     """Forward scores of each state: ``[B, max_states]`` (``[max_states]`` for one FSA)."""
-    arcs, S, kin, _, batch, dtype = _prep(fsas, use_double_scores)
+    arcs, S, kin, _, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_forward_jit(arcs, S, kin, bool(log_semiring), dtype), batch)
 
 
 def get_backward_scores(fsas, use_double_scores: bool = True, log_semiring: bool = True):
     """Backward scores of each state (0 at the final state), padded like the forward scores."""
-    arcs, S, _, kout, batch, dtype = _prep(fsas, use_double_scores)
+    arcs, S, _, kout, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_backward_jit(arcs, S, kout, bool(log_semiring), dtype), batch)
 
 
@@ -413,20 +447,20 @@ def get_tot_scores(fsas, use_double_scores: bool = True, log_semiring: bool = Tr
 
     Differentiable w.r.t. ``fsas.score`` with an analytic backward (arc posteriors / best path).
     """
-    arcs, S, kin, kout, batch, dtype = _prep(fsas, use_double_scores)
+    arcs, S, kin, kout, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_tot_jit(S, kin, kout, bool(log_semiring), dtype, arcs), batch)
 
 
 def get_arc_post(fsas, use_double_scores: bool = True, log_semiring: bool = True):
     """Arc log-posteriors ``fwd[src] + score + bwd[dst] - tot`` (``[B, A]`` or ``[A]``)."""
-    arcs, S, kin, kout, batch, dtype = _prep(fsas, use_double_scores)
+    arcs, S, kin, kout, batch, dtype = prepare_fsas(fsas, use_double_scores)
     alpha = _forward_jit(arcs, S, kin, bool(log_semiring), dtype)
     beta = _backward_jit(arcs, S, kout, bool(log_semiring), dtype)
-    tot = _tot_from_alpha(alpha, arcs.num_states)
+    tot = tot_from_alpha(alpha, arcs.num_states)
     return _unbatch(_arc_post_core(arcs, alpha, beta, tot, dtype), batch)
 
 
 def get_entering_arcs(fsas, use_double_scores: bool = True):
     """Best (tropical) entering arc of each state, ``-1`` for the start / unreachable states."""
-    arcs, S, kin, _, batch, dtype = _prep(fsas, use_double_scores)
+    arcs, S, kin, _, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_entering_jit(arcs, S, kin, False, dtype)[1], batch)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from fsa_ops.fsa import Fsa
-from fsa_ops.scores import (_forward_core, _prep, _tot_from_alpha, best_path_arcs, is_traced)
+from fsa_ops.scores import best_path_arcs, forward_core, is_traced, prepare_fsas, tot_from_alpha
 
 __all__ = ["shortest_path"]
 
@@ -26,8 +26,8 @@ __all__ = ["shortest_path"]
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _shortest_path_core(arcs, attrs, S, K, dtype):
     B, A = arcs.src.shape
-    alpha, entering = _forward_core(arcs, S, K, False, dtype)
-    tot = _tot_from_alpha(alpha, arcs.num_states)
+    alpha, entering = forward_core(arcs, S, K, False, dtype)
+    tot = tot_from_alpha(alpha, arcs.num_states)
     path, length = best_path_arcs(arcs, entering, tot)          # [B, S], [B]
     L = max(S - 1, 1)
     path = path[:, :L]
@@ -55,7 +55,7 @@ def shortest_path(fsa, use_double_scores: bool = True):
     ``use_double_scores`` selects float64 comparisons when x64 is enabled (float32 otherwise).
     The FSAs must be top-sorted (acyclic with arcs from lower to higher states), as in k2.
     """
-    arcs, S, kin, _, batch, dtype = _prep(fsa, use_double_scores)
+    arcs, S, kin, _, batch, dtype = prepare_fsas(fsa, use_double_scores)
     attrs = {k: (jnp.asarray(v) if batch else jnp.asarray(v)[None]) for k, v in fsa.attrs.items()}
     src, dst, label, score, ns, na, out_attrs = _shortest_path_core(arcs, attrs, S, kin, dtype)
     out = Fsa(src, dst, label, score, ns, na, out_attrs, max_states=S)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, empty_like, map_fsas, renumber
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.host import as_numpy, empty_like, map_fsas, renumber
 
 __all__ = ["arc_sort", "top_sort"]
 

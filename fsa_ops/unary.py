@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fsa_ops._host import as_numpy, build, empty_like, from_arc_map, index_attr, map_fsas
 from fsa_ops.fsa import Fsa
+from fsa_ops.host import as_numpy, build, empty_like, from_arc_map, index_attr, map_fsas
 
 __all__ = ["invert", "project", "add_epsilon_self_loops", "remove_epsilon_self_loops", "union", "closure"]
 

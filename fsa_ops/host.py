@@ -1,4 +1,4 @@
-"""Private helpers shared by the host-side (numpy) FSA ops."""
+"""Helpers shared by the host-side (numpy) FSA ops: conversion, batching, attribute maps, renumbering."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
