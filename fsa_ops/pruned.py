@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fsa_ops.dense import DenseFsaVec, _layout, _prepare
+from fsa_ops.dense import DenseFsaVec, prepare_dense
+from fsa_ops.dense_arcs import arc_layout
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
@@ -93,7 +94,7 @@ def _pruned_core(cfg: _PCfg, arcs, attrs, lp, dur):
     B, A = arcs.src.shape
     S, Ko, K, dtype = cfg.S, cfg.kout, cfg.K, cfg.dtype
     valid = valid_arcs(arcs)
-    lay = _layout(arcs, valid, arcs.src, arcs.dst, S, Ko, dtype)
+    lay = arc_layout(arcs, valid, arcs.src, arcs.dst, S, Ko, dtype)
     tab = tuple(x.reshape(B, S, Ko) for x in (lay.arc, lay.other, lay.label, lay.score))
     lpT = _time_major(lp, dtype)
     Tp1 = lpT.shape[0]
@@ -175,7 +176,7 @@ def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, outp
     if max_active_states < 1 or min_active_states < 0 or min_active_states > max_active_states:
         raise ValueError(f"need 0 <= min_active_states <= max_active_states and max_active_states >= 1, "
                          f"got {min_active_states}, {max_active_states}")
-    cfg0, arcs, lp, dur = _prepare(a_fsas, b_fsas, None, math.inf, True, sparse_tables_as_segments=False)
+    cfg0, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, None, math.inf, True, sparse_tables_as_segments=False)
     if cfg0.kout is None:
         raise ValueError("intersect_dense_pruned: a_fsas must be concrete (the out-degree table is built "
                          "on the host); call it outside jit or close over the graph")

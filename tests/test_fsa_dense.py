@@ -12,13 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fsa_oracle as oracle
-from fsa_ops.dense import DenseFsaVec, dense_tot_scores, intersect_dense
+from fsa_ops import dense as dense_mod
+from fsa_ops import dense_band
+from fsa_ops.dense import DenseFsaVec, dense_tot_scores, intersect_dense, prepare_dense
+from fsa_ops.dense_band import band_offsets
+from fsa_ops.dense_labelled import is_state_labelled, label_gather_plan
 from fsa_ops.fsa import Fsa, create_fsa_vec
 from fsa_ops.graph_ctc import ctc_loss
 from fsa_ops.graphs import ctc_graph, ctc_topo
 from fsa_ops.pruned import intersect_dense_pruned
-from fsa_ops.scores import get_forward_scores, get_tot_scores
+from fsa_ops.scores import fsa_arrays, get_forward_scores, get_tot_scores
 from fsa_ops.shortest_path import shortest_path
+from jasr.losses import ctc_loss as jasr_ctc_loss
 
 B, N, T, C = 3, 2, 4, 5
 A_PAD, S_PAD = 12, 6
@@ -164,19 +169,17 @@ def test_state_labelled_paths_match_enumeration(graph, dense, beam):
     """Graphs whose arcs into a state share one label take the labelled path (state emissions,
     occupancy gradient), with the band layout where few dst - src offsets occur: both give the
     brute-force totals and gradients."""
-    import fsa_ops.dense as dense_mod
-    from fsa_ops.scores import fsa_arrays
     lp, segs = dense
     arcs, S, _ = fsa_arrays(graph.to_jax())
-    assert dense_mod.is_state_labelled(arcs, S)
+    assert is_state_labelled(arcs, S)
     refs = [_brute(graph[b], lp, segs[b], beam) for b in range(B)]
     for max_band in (0, 2 * S_PAD):      # 0: labelled degree tables; else band when no parallel arcs
-        with mock.patch.object(dense_mod, "_MAX_BAND", max_band):
+        with mock.patch.object(dense_band, "MAX_BAND", max_band):
             pairs = {(b, int(u), int(v)) for b in range(B)
                      for u, v in zip(np.asarray(graph.src[b, :int(graph.num_arcs[b])]),
                                      np.asarray(graph.dst[b, :int(graph.num_arcs[b])]))}
             parallel = len(pairs) < int(np.sum(graph.num_arcs))
-            assert (dense_mod.band_offsets(arcs, S) is None) == (max_band == 0 or parallel)
+            assert (band_offsets(arcs, S) is None) == (max_band == 0 or parallel)
             tot, g_lp, g_sc = _tot_and_grads(graph, lp, segs, beam)
         _assert_matches_brute(graph, lp, refs, tot, g_lp, g_sc)
 
@@ -184,25 +187,21 @@ def test_state_labelled_paths_match_enumeration(graph, dense, beam):
 def test_label_gather_plan_of_a_ctc_graph_with_repeated_labels():
     """Blank states sum into column 0; a label's first state is gathered after its repeats (states
     5 and 7 for the second and third 1) were folded into it; fold lists padded with S."""
-    import fsa_ops.dense as dense_mod
-    from fsa_ops.scores import fsa_arrays
     arcs, S, _ = fsa_arrays(ctc_graph([[1, 2, 1, 1], [3]]))
-    major, first, fold_src, fold_dst = (np.asarray(x) for x in dense_mod.label_gather_plan(arcs, S, 5))
+    major, first, fold_src, fold_dst = (np.asarray(x) for x in label_gather_plan(arcs, S, 5))
     assert major.tolist() == [0, 0] and S == 10
     assert first.tolist() == [[S, 1, 3, S, S], [S, S, S, 1, S]]
     assert fold_src.tolist() == [[5, 7], [S, S]] and fold_dst.tolist() == [[1, 1], [S, S]]
 
 
 def test_band_layout_is_taken_for_ctc_graphs_and_refused_for_parallel_arcs():
-    import fsa_ops.dense as dense_mod
-    from fsa_ops.scores import fsa_arrays
     arcs, S, _ = fsa_arrays(ctc_graph([[1, 2, 2], [3]]))
-    assert dense_mod.is_state_labelled(arcs, S) and dense_mod.band_offsets(arcs, S) == (0, 1, 2)
+    assert is_state_labelled(arcs, S) and band_offsets(arcs, S) == (0, 1, 2)
     twin = Fsa.from_str("0 1 1 0.5\n0 1 1 -0.5\n1 2 -1 0\n2")
     arcs, S, _ = fsa_arrays(twin)
-    assert dense_mod.is_state_labelled(arcs, S) and dense_mod.band_offsets(arcs, S) is None
+    assert is_state_labelled(arcs, S) and band_offsets(arcs, S) is None
     arcs, S, _ = fsa_arrays(ctc_topo(3))
-    assert dense_mod.is_state_labelled(arcs, S)
+    assert is_state_labelled(arcs, S)
 
 
 @settings(SETTINGS, max_examples=8)
@@ -287,7 +286,6 @@ def test_ctc_loss_equals_optax():
 
 @pytest.mark.parametrize("first_labels", [None, [1, 2, 1, 1]])   # repeats: folded occupancies
 def test_graph_ctc_equals_jasr_ctc_loss(first_labels):
-    losses = pytest.importorskip("jasr.losses")   # the ctc helper's module (may land later)
     rng = np.random.default_rng(5)
     logits, labels, lpad, tpad, segs, graph = _ctc_batch(rng, first_labels=first_labels)
     x = jnp.asarray(logits)
@@ -296,7 +294,7 @@ def test_graph_ctc_equals_jasr_ctc_loss(first_labels):
         return ctc_loss(graph, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=None, reduction="none")
 
     def theirs(x):
-        return losses.ctc_loss(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad), reduction="none")
+        return jasr_ctc_loss(x, jnp.asarray(tpad), jnp.asarray(labels), jnp.asarray(lpad), reduction="none")
 
     np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(ours(x)))(x),
@@ -307,7 +305,6 @@ def test_graph_ctc_gradient_keeps_float32_precision_on_long_segments_under_jit()
     """A total score of ~-3000 nats: posteriors taken as exp(alpha + beta - tot) would lose ~1e-3 to
     float32 rounding; the per-frame normalised posteriors match jasr.ctc_loss to ~1e-6. The graph is
     closed over by the jit (concrete structure: the degree-table layout)."""
-    losses = pytest.importorskip("jasr.losses")
     rng = np.random.default_rng(11)
     B, T, C, L = 2, 1000, 30, 100
     x = jnp.asarray(rng.normal(size=(B, T, C)).astype(np.float32))
@@ -318,7 +315,7 @@ def test_graph_ctc_gradient_keeps_float32_precision_on_long_segments_under_jit()
     lpad = np.zeros((B, L), np.float32)
     ours = jax.jit(jax.value_and_grad(lambda x: ctc_loss(
         graph, DenseFsaVec(jax.nn.log_softmax(x), segs), output_beam=None, reduction="sum")))
-    theirs = jax.jit(jax.value_and_grad(lambda x: jnp.sum(losses.ctc_loss(x, tpad, labels, lpad, method="log"))))
+    theirs = jax.jit(jax.value_and_grad(lambda x: jnp.sum(jasr_ctc_loss(x, tpad, labels, lpad, method="log"))))
     (l1, g1), (l2, g2) = ours(x), theirs(x)
     assert float(l2) > 2500
     np.testing.assert_allclose(l1, l2, rtol=1e-6)
@@ -330,7 +327,6 @@ def test_mixed_layouts_for_a_denominator_like_graph(monkeypatch, labelled):
     """Every state has an arc into the final state: the forward direction's degree table would be
     mostly padding and uses the segment layout, the backward one the table; same numbers as both
     tables (also for a state-labelled graph, which takes the labelled path)."""
-    import fsa_ops.dense as dense_mod
     rng = np.random.default_rng(3)
     S, C, T = 30, 6, 7
     src = np.concatenate([np.repeat(np.arange(S), 2), np.arange(S)])
@@ -341,16 +337,16 @@ def test_mixed_layouts_for_a_denominator_like_graph(monkeypatch, labelled):
     graph = Fsa.from_arcs(src, dst, lab, rng.normal(size=src.size).astype(np.float32) * 0.3, num_states=S + 1)
     lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, T, C)).astype(np.float32)))
     segs = np.array([[0, 0, T], [1, 0, T - 2]], np.int32)
-    cfg, arcs = dense_mod._prepare(graph, DenseFsaVec(lp, segs), None, math.inf, True)[:2]
+    cfg, arcs = prepare_dense(graph, DenseFsaVec(lp, segs), None, math.inf, True)[:2]
     assert cfg.kin is None and cfg.kout is not None
-    assert dense_mod.is_state_labelled(arcs, cfg.S) == labelled
+    assert is_state_labelled(arcs, cfg.S) == labelled
 
     def value_and_grad():
         f = lambda x, s: jnp.sum(dense_tot_scores(graph.replace(score=s), DenseFsaVec(x, segs)))
         return jax.value_and_grad(f, argnums=(0, 1))(lp, jnp.asarray(graph.score))
 
     (v1, g1) = value_and_grad()
-    monkeypatch.setattr(dense_mod, "_TABLE_PADDING", 10 ** 9)
+    monkeypatch.setattr(dense_mod, "TABLE_PADDING", 10 ** 9)
     (v2, g2) = value_and_grad()
     assert np.isfinite(float(v1))
     np.testing.assert_allclose(v1, v2, rtol=1e-6)
