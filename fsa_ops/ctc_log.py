@@ -1,0 +1,136 @@
+"""The log-semiring CTC recursion of `fsa_ops.ctc` (``method='log'``): exact for any logits.
+
+Runs on the rows of a `fsa_ops.ctc_lattice.CtcLattice` (R = 2B: forward rows, then backward rows
+state-reversed), one frame per loop iteration: `log_ctc_step` (a three-way logsumexp per state,
+``-inf`` = impossible) and then `log_renormalise`, which shifts every row back to max 0 and keeps
+the removed log-scales apart, so that float32 keeps its absolute precision for T in the
+thousands.  The emission table ``lp [B, T, S]`` (`CtcLattice.emissions`) is gathered before the
+loop.
+
+`run_log` returns (tables, log_z [R]); log_z is the total log-likelihood per row (rows b and B+b
+compute it independently).  The tables are (alpha [B, T, S], beta [B, T, S], scale_f [B, T],
+scale_b [B, T]) in natural frame and state order:
+
+  alpha: forward score of frames 0..t ending in s (including frame t's emission);
+  beta:  backward score of frames t+1..T-1 from state s after frame t (frame t's emission
+         excluded),
+
+so that occupancies need no division by the emission (`log_occupancy`): the true log values are
+``alpha[b, t] + sum_{t' <= t} scale_f[b, t']`` and ``beta[b, t] + sum_{t' > t} scale_b[b, t']``,
+and ``gamma[t, s] = alpha[t, s] * beta[t, s] / Z``.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fsa_ops.ctc_lattice import CtcLattice, normalise_over_states
+from fsa_ops.scores import exp_flushed, shift_states
+
+__all__ = ["log_ctc_step", "log_renormalise", "run_log", "log_occupancy"]
+
+
+def log_ctc_step(log_alpha, lp, valid, skip):
+    """One CTC frame in the log semiring (-inf = impossible).
+
+    log_alpha [R, S] float32; lp [R, S] log-probabilities of the positions' symbols at this frame
+    (-inf on padding states); valid [R] bool (False: padded frame, the row does not change);
+    skip [R, S] bool (position p may be entered from p-2).
+    Returns (new_log_alpha [R, S], incoming [R, S]): incoming = logsumexp of the (up to three)
+    predecessors p, p-1, p-2; new = incoming + lp.
+    """
+    neg_inf = jnp.float32(-jnp.inf)
+    x1 = shift_states(log_alpha, 1, neg_inf)
+    x2 = jnp.where(skip, shift_states(log_alpha, 2, neg_inf), neg_inf)
+    top = jnp.maximum(jnp.maximum(log_alpha, x1), x2)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    incoming = top + jnp.log(exp_flushed(log_alpha - top) + exp_flushed(x1 - top)
+                             + exp_flushed(x2 - top))
+    return jnp.where(valid[:, None], incoming + lp, log_alpha), incoming
+
+
+def log_renormalise(log_alpha):
+    """Shifts every row to max 0: returns (log_alpha - offset, offset [R]) (offset 0 for rows
+    without mass). Keeping the values near 0 keeps float32's absolute precision for long inputs."""
+    offset = jnp.max(log_alpha, axis=-1)
+    offset = jnp.where(jnp.isfinite(offset), offset, 0.0)
+    return log_alpha - offset[:, None], offset
+
+
+def run_log(lat: CtcLattice, lp, store: bool = True):
+    """The log recursion over the emissions lp [B, T, S]: (tables, log_z [R]) as the module
+    docstring says; store=False: only log_z is computed (tables is None), in a loop that writes
+    no tables."""
+    init = jnp.where(lat.start, 0.0, -jnp.inf).astype(jnp.float32)
+    if store:
+        last, tables, scale_sum = _frame_loop(init, lp, lat)
+    else:
+        (last, scale_sum), tables = _total_only_loop(init, lp, lat), None
+    log_z = jax.nn.logsumexp(jnp.where(lat.final, last, -jnp.inf), axis=-1) + scale_sum
+    return tables, log_z
+
+
+def _total_only_loop(init, table, lat: CtcLattice):
+    """`_frame_loop` without tables: (last carry [R, S], sum of the removed log-scales [R]).
+
+    The rows' frames are first laid out time-major in loop order ([T, R, S]: row b frame t, row
+    B+b frame T-1-t with its states reversed), so that each step reads one contiguous slice. Without
+    the stored tables XLA fuses the whole step (shifts, log-sum-exp, emission) into one kernel, and
+    building the frame from two strided, reversed reads inside it would defeat vectorisation."""
+    frames = lat.shape[1]
+    rows = jnp.concatenate([jnp.swapaxes(table, 0, 1), jnp.swapaxes(table[:, ::-1, ::-1], 0, 1)], axis=1)
+    valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)        # [T, R]
+
+    def body(t, state):
+        carry, total = state
+        frame_rows = jax.lax.dynamic_slice_in_dim(rows, t, 1, axis=0)
+        frame_valid = jax.lax.dynamic_slice_in_dim(valid, t, 1, axis=0)
+        carry, _ = log_ctc_step(carry, frame_rows[0], frame_valid[0], lat.skip)
+        carry, log_scale = log_renormalise(carry)
+        return carry, total + log_scale
+
+    return jax.lax.fori_loop(0, frames, body, (init, jnp.zeros(init.shape[:1], jnp.float32)))
+
+
+def _frame_loop(init, table, lat: CtcLattice):
+    """Runs `log_ctc_step` and `log_renormalise` over the rows' frames of `table` [B, T, S]
+    (forward rows frame t, backward rows frame T-1-t, states reversed).
+
+    Returns (last carry [R, S], (alpha, beta, norm_f, norm_b), log-scale sum [R]): alpha [B, T, S] =
+    the forward rows' carry after each frame, beta [B, T, S] = the backward rows' incoming sum at
+    each frame (both in natural order); norm_* [B, T] the log-scales removed by the
+    renormalisations, each booked on its frame (so that alpha's scale includes its own frame and
+    beta's does not)."""
+    batch, frames, _, states = lat.shape
+    valid = lat.frame_valid
+    zeros = jnp.zeros((batch, frames, states), jnp.float32)
+    outs = (zeros, zeros, jnp.zeros((batch, frames), jnp.float32), jnp.zeros((batch, frames), jnp.float32))
+
+    def body(t, state):
+        """Frame t (forward rows) and T-1-t (backward rows)."""
+        carry, (alpha, beta, norm_f, norm_b) = state
+        back = frames - t - 1
+        at = lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)           # [B, 1, ...]
+        frame = jnp.concatenate([at(table, t)[:, 0], at(table, back)[:, 0, ::-1]], axis=0)
+        frame_valid = jnp.concatenate([at(valid, t)[:, 0], at(valid, back)[:, 0]], axis=0)
+        carry, incoming = log_ctc_step(carry, frame, frame_valid, lat.skip)
+        carry, log_scale = log_renormalise(carry)
+        put = lambda x, row, start: jax.lax.dynamic_update_slice_in_dim(x, row[:, None], start, axis=1)
+        return carry, (put(alpha, carry[:batch], t), put(beta, incoming[batch:, ::-1], back),
+                       put(norm_f, log_scale[:batch], t), put(norm_b, log_scale[batch:], back))
+
+    carry, outs = jax.lax.fori_loop(0, frames, body, (init, outs))
+    return carry, outs, jnp.concatenate([jnp.sum(outs[2], axis=1), jnp.sum(outs[3], axis=1)])
+
+
+def log_occupancy(lat: CtcLattice, tables, log_z):
+    """State occupancies gamma [B, T, S] from the tables of `run_log`, renormalised over s within
+    each frame (`normalise_over_states`)."""
+    alpha, beta, scale_f, scale_b = tables
+    # log of the factor that turns alpha * beta into gamma: forward scales of frames <= t,
+    # backward scales of frames > t, minus log Z.
+    log_factor = jnp.cumsum(scale_f, axis=1) + (jax.lax.cumsum(scale_b, axis=1, reverse=True) - scale_b)
+    log_factor = log_factor - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None]
+    # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
+    gamma = exp_flushed(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
+    return normalise_over_states(lat, gamma, log_z)
