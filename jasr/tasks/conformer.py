@@ -99,6 +99,13 @@ class ConformerAEDTask(_FeatureTask):
         return AEDConfig
 
     @classmethod
+    def check_config(cls, cfg):
+        super().check_config(cfg)
+        require(cfg.loss.type != "joint" or cfg.loss.ctc_weight > 0,
+                "config 'loss.ctc_weight' must be > 0 with loss.type='joint' (it sizes the CTC head that dev "
+                "decoding reads); use loss.type='attention' for no CTC head")
+
+    @classmethod
     def subsampling(cls, cfg):
         return int(dict(cfg.model.get("encoder", {})).get("subsampling", 4))
 
