@@ -19,8 +19,10 @@ with label -1 arcs from every OpenFst final state (as k2's `Fsa.from_openfst`).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Dict, List, Optional, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
@@ -275,7 +277,6 @@ class Fsa:
         return tree_util.tree_map(np.asarray, self)
 
     def to_jax(self) -> "Fsa":
-        import jax.numpy as jnp
         return tree_util.tree_map(jnp.asarray, self)
 
     def to_str(self, openfst: bool = False) -> str:
@@ -468,7 +469,6 @@ to_str_simple = to_str
 
 def _numbers(text: str, n: int) -> np.ndarray:
     """All whitespace-separated numbers of `text` as float64 (C parser); ValueError unless exactly n."""
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = np.fromstring(text, dtype=np.float64, sep=" ")
