@@ -13,6 +13,13 @@ global index (sharded round-robin across hosts) and builds them in worker proces
     it = iter(loader)
     batch = next(it)                 # features [B, T, F], feature_paddings [B, T], labels [B, N], ...
     state = it.get_state()           # bytes: store with the checkpoint; later it.set_state(state)
+
+Bad input is an error that names it, or, where a BatchConfig flag asks for it, a named skip: `check_utterances`
+checks every file's header up front (unreadable, empty, truncated, not as long as its manifest duration);
+`skip_bad_audio` turns a file that fails when its batch is built into a padding row with an `errors` entry;
+`skip_unencodable` / `drop_unfit` / `drop_too_long` leave utterances out with a record in `loader.skipped`;
+`keep_unscorable` (evaluation) keeps them with a placeholder label outside the loss. A bucket whose batch of one
+would exceed `max_frames` is a DataError unless `drop_too_long` or `allow_oversize`.
 """
 from __future__ import annotations
 
@@ -28,18 +35,23 @@ import grain.python as grain
 import numpy as np
 from absl import flags
 
-from jasr.audio import AudioError, audio_info, load_audio
+from jasr.audio import LENGTH_TOLERANCE_S, AudioError, audio_info, check_audio, load_audio
 from jasr.features import (CmvnStats, FeatureConfig, accumulate_cmvn, compute_features, feature_dim, num_frames,
                            time_major)
 
-__all__ = ["Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig",
-           "AsrLoader", "make_loader", "plan_epoch", "AUDIO_EXTENSIONS"]
+__all__ = ["Utterance", "ManifestError", "DataError", "read_manifest", "write_manifest", "read_folder",
+           "check_utterances", "BatchConfig", "AsrLoader", "make_loader", "plan_epoch", "AUDIO_EXTENSIONS"]
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".au")
 
 
 class ManifestError(ValueError):
     """A manifest or transcript file is malformed (the message names file:line or the utterance)."""
+
+
+class DataError(ValueError):
+    """A data set cannot be used as configured: too many unreadable files, a batch budget below one utterance, ...
+    (the message names the count, the files or the config key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,20 +73,40 @@ _AUDIO_KEYS = ("audio_filepath", "audio", "audio_path", "path")
 _TEXT_KEYS = ("text", "transcript", "sentence")
 
 
-def read_manifest(path: str | os.PathLike, *, check_audio: bool = True,
-                  allow_empty_text: bool = False) -> list[Utterance]:
-    """JSONL manifest -> list[Utterance]. Lines: NeMo (`audio_filepath`, `duration`, `text`) or this repo's data
-    (`id`, `audio`, `text`, `sample_rate`, `duration`, `speaker`). Relative audio paths are relative to the
-    manifest's folder. Missing `duration` is read from the audio header. Blank lines are skipped.
+def _number(d: dict, key: str, where: str, *, positive: bool = False, integer: bool = False):
+    """d[key] as a finite number (None when absent or null); ManifestError naming `where` otherwise."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ManifestError(f"{where}: {key} {v!r} is not a number")
+    try:
+        x = float(v)
+    except ValueError:
+        raise ManifestError(f"{where}: {key} {v!r} is not a number") from None
+    if not math.isfinite(x) or (positive and x <= 0) or x < 0 or (integer and x != int(x)):
+        kind = "a positive" if positive else "a non-negative"
+        raise ManifestError(f"{where}: {key} must be {kind} finite {'integer' if integer else 'number'}, got {v!r}")
+    return int(x) if integer else x
 
-    Raises ManifestError naming file:line for bad JSON, missing fields, empty transcripts, duplicate ids, and
-    (check_audio) audio files that do not exist.
+
+def read_manifest(path: str | os.PathLike, *, check_audio: bool = True, allow_empty_text: bool = False,
+                  bad: list | None = None) -> list[Utterance]:
+    """JSONL manifest -> list[Utterance]. Lines: NeMo (`audio_filepath`, `duration`, `text`) or this repo's data
+    (`id`, `audio`, `text`, `sample_rate`, `duration`, `num_samples`, `speaker`). Relative audio paths are relative
+    to the manifest's folder. Without `duration`, it is `num_samples / sample_rate` when both are given, else read
+    from the audio header. Blank lines are skipped.
+
+    Raises ManifestError (and no other error) naming file:line for an unreadable file, bad JSON or UTF-8, missing
+    or mistyped fields, empty transcripts, duplicate ids, and (check_audio) audio files that do not exist.
+    `bad`: a list that collects ``{"id", "audio", "reason"}`` for lines whose duration must come from an audio
+    header that cannot be read (those lines are then left out instead of raising).
     """
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
-    except OSError as e:
+    except (OSError, ValueError) as e:   # ValueError: UnicodeDecodeError, or a NUL in the path
         raise ManifestError(f"cannot read manifest {path}: {e}") from e
     base = os.path.dirname(os.path.abspath(path))
     out, seen = [], {}
@@ -86,10 +118,12 @@ def read_manifest(path: str | os.PathLike, *, check_audio: bool = True,
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise ManifestError(f"{where}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise ManifestError(f"{where}: not valid JSON (nested too deeply)") from None
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: expected a JSON object, got {type(d).__name__}")
         audio = next((d[k] for k in _AUDIO_KEYS if k in d), None)
-        if not isinstance(audio, str) or not audio:
+        if not isinstance(audio, str) or not audio or "\0" in audio:
             raise ManifestError(f"{where}: no audio path (one of {', '.join(_AUDIO_KEYS)})")
         text = next((d[k] for k in _TEXT_KEYS if k in d), None)
         if not isinstance(text, str):
@@ -101,28 +135,36 @@ def read_manifest(path: str | os.PathLike, *, check_audio: bool = True,
         audio_path = os.path.normpath(audio_path)
         if check_audio and not os.path.isfile(audio_path):
             raise ManifestError(f"{where}: audio file not found: {audio_path}")
-        uid = str(d.get("id", d.get("utt_id", os.path.splitext(os.path.basename(audio))[0])))
-        offset = float(d.get("offset", 0.0))
-        duration = d.get("duration")
-        sr = d.get("sample_rate")
+        raw_id = d.get("id", d.get("utt_id"))
+        if raw_id is not None and not isinstance(raw_id, (str, int)):
+            raise ManifestError(f"{where}: id {raw_id!r} is not a string")
+        uid = str(raw_id) if raw_id is not None else os.path.splitext(os.path.basename(audio))[0]
+        offset = _number(d, "offset", where) or 0.0
+        duration = _number(d, "duration", where, positive=True)
+        sr = _number(d, "sample_rate", where, positive=True, integer=True)
+        num_samples = _number(d, "num_samples", where, positive=True, integer=True)
+        if duration is None and num_samples is not None and sr is not None:
+            duration = num_samples / sr - offset
+            if not duration > 0:
+                raise ManifestError(f"{where}: offset {offset} is past the end ({num_samples} samples at {sr} Hz)")
         if duration is None:
             try:
                 info = audio_info(audio_path)
             except AudioError as e:
-                raise ManifestError(f"{where}: no duration and {e}") from e
+                if bad is None:
+                    raise ManifestError(f"{where}: no duration and {e}") from e
+                bad.append({"id": uid, "audio": audio_path, "reason": str(e)})
+                continue
             duration, sr = info.duration - offset, sr or info.sample_rate
-        try:
-            duration = float(duration)
-        except (TypeError, ValueError):
-            raise ManifestError(f"{where}: duration {duration!r} is not a number") from None
-        if not duration > 0:
-            raise ManifestError(f"{where}: duration must be positive, got {duration}")
+            if not duration > 0:
+                raise ManifestError(f"{where}: duration must be positive, got {duration} (from the audio header)")
         if uid in seen:
             raise ManifestError(f"{where}: duplicate id {uid!r} (first at line {seen[uid]})")
         seen[uid] = lineno
+        speaker = d.get("speaker")
         out.append(Utterance(id=uid, audio_path=audio_path, text=text, duration=duration,
-                             sample_rate=int(sr) if sr else None,
-                             speaker=str(d["speaker"]) if d.get("speaker") is not None else None, offset=offset))
+                             sample_rate=sr or None, speaker=str(speaker) if speaker is not None else None,
+                             offset=offset))
     return out
 
 
@@ -168,11 +210,33 @@ def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike) -> 
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
 
-def read_folder(folder: str | os.PathLike, *, extensions: Sequence[str] = AUDIO_EXTENSIONS) -> list[Utterance]:
+def check_utterances(utterances: Sequence[Utterance], *, tolerance: float = LENGTH_TOLERANCE_S
+                     ) -> tuple[list[Utterance], list[dict]]:
+    """The header check of every utterance's audio before training or decoding (jasr.audio.check_audio: readable,
+    not empty, not truncated, as long as its manifest duration): returns (the utterances that pass, a record
+    ``{"id", "audio", "reason"}`` for each one that does not). Costs ~0.1-0.15 ms per file (no samples are
+    decoded); damage that only decoding shows (non-finite samples, a corrupt compressed stream) is found by the
+    loader on first read (``BatchConfig.skip_bad_audio``)."""
+    ok, bad = [], []
+    for u in utterances:
+        try:
+            check_audio(u.audio_path, expected_duration=u.duration, offset=u.offset,
+                        duration=u.duration if u.offset else None, tolerance=tolerance)
+        except AudioError as e:
+            bad.append({"id": u.id, "audio": u.audio_path, "reason": str(e)})
+            continue
+        ok.append(u)
+    return ok, bad
+
+
+def read_folder(folder: str | os.PathLike, *, extensions: Sequence[str] = AUDIO_EXTENSIONS,
+                bad: list | None = None) -> list[Utterance]:
     """A folder (searched recursively) of audio files with transcripts -> list[Utterance], sorted by id.
 
     A transcript is either a sibling `<stem>.txt` / `<stem>.lab` file holding the text, or a line `<stem> TEXT`
-    in a `*.trans.txt` (LibriSpeech) or `text` (Kaldi) file anywhere in the folder. Durations come from headers.
+    in a `*.trans.txt` (LibriSpeech) or `text` (Kaldi) file anywhere in the folder. Durations come from headers:
+    a file whose header cannot be read raises AudioError, or, with a list `bad`, is left out and recorded there
+    as ``{"id", "audio", "reason"}``.
     """
     folder = os.path.abspath(os.fspath(folder))
     if not os.path.isdir(folder):
@@ -210,10 +274,16 @@ def read_folder(folder: str | os.PathLike, *, extensions: Sequence[str] = AUDIO_
                                 f"or a line in a *.trans.txt / text file)")
         if not text:
             raise ManifestError(f"{where}: empty transcript")
-        info = audio_info(apath)
+        try:
+            info = audio_info(apath)
+        except AudioError as e:
+            if bad is None:
+                raise
+            bad.append({"id": stem, "audio": apath, "reason": str(e)})
+            continue
         out.append(Utterance(id=stem, audio_path=apath, text=text, duration=info.duration,
                              sample_rate=info.sample_rate))
-    if not out:
+    if not out and not (bad and audio_files):
         raise ManifestError(f"no audio files ({', '.join(extensions)}) under {folder}")
     return out
 
@@ -236,6 +306,16 @@ class BatchConfig:
       else make_loader raises (or drops with drop_unfit).
     output: "features" (host features) or "audio" (raw waveforms `audio [B, S]`, `audio_paddings [B, S]`, for
       features computed on device with jasr.features.compute_features_jax).
+    A bucket whose padded length T exceeds max_frames (a batch of one utterance would be bigger than the budget)
+    raises, or drops its utterances with drop_too_long, or is kept as batches of one with allow_oversize.
+    skip_unencodable: transcripts the tokenizer cannot encode (characters outside its vocabulary) are left out
+      (listed in `loader.skipped`) instead of raising.
+    keep_unscorable (evaluation): such transcripts, and labels that cannot fit the frames, keep their utterance
+      with an empty placeholder label (it fits any number of frames) whose `label_weights` is 0 (no loss; still
+      decoded and scored against its reference text); listed in `loader.placeholders`.
+    skip_bad_audio: a file that fails to load when its batch is built (undecodable, non-finite samples, a length
+      that disagrees with its header or manifest duration) becomes a padding row whose `errors` entry says why,
+      instead of raising.
     """
     max_frames: int = 20000
     bucket_boundaries: tuple[float, ...] | None = None
@@ -249,6 +329,10 @@ class BatchConfig:
     drop_too_long: bool = False
     drop_unfit: bool = False
     output: str = "features"
+    allow_oversize: bool = False
+    skip_unencodable: bool = False
+    keep_unscorable: bool = False
+    skip_bad_audio: bool = False
 
     def __post_init__(self):
         if self.output not in ("features", "audio"):
@@ -368,8 +452,9 @@ class _BatchPlanSource:
 class _BuildBatch:
     """grain RandomMapTransform: batch plan -> padded numpy batch dict (see make_loader)."""
 
-    def __init__(self, utterances, labels, buckets, label_buckets, feature_config, batch_config, cmvn, augment):
-        self.utts, self.labels, self.buckets = utterances, labels, buckets
+    def __init__(self, utterances, labels, label_weights, buckets, label_buckets, feature_config, batch_config,
+                 cmvn, augment):
+        self.utts, self.labels, self.label_weights, self.buckets = utterances, labels, label_weights, buckets
         self.label_buckets, self.fc, self.bc, self.cmvn, self.augment = (label_buckets, feature_config,
                                                                          batch_config, cmvn, augment)
 
@@ -396,22 +481,20 @@ class _BuildBatch:
         else:
             x = np.zeros((b, length, feature_dim(self.fc)), np.float32)
         x_pad = np.ones((b, length), np.float32)
+        ex_pad = np.ones((b,), np.float32)
+        ex_pad[:len(idx)] = 0.0
+        errors = [""] * b
         for r, i in enumerate(idx):
             u = self.utts[i]
-            audio = load_audio(u.audio_path, self.fc.sample_rate, offset=u.offset,
-                               duration=u.duration if u.offset else None)
-            if self.augment is not None:
-                audio = np.asarray(self.augment(audio, self.fc.sample_rate, rng), np.float32)
-            if raw:
-                feats = audio
-            else:
-                feats = compute_features(audio, self.fc, cmvn=self.cmvn, rng=rng if self.fc.dither else None)
-                if self.fc.kind == "whisper":
-                    feats = feats.T
-            if feats.shape[0] > length:
-                raise ValueError(f"utterance {u.id!r} ({u.audio_path}) gives {feats.shape[0]} "
-                                 f"{'samples' if raw else 'frames'}, more than its bucket's {length}: its "
-                                 f"manifest duration {u.duration} s is too short")
+            try:
+                feats = self._features(u, length, raw, rng)
+            except (AudioError, _TooLong) as e:
+                if not self.bc.skip_bad_audio:
+                    raise type(e)(f"utterance {u.id!r}: {e}") from e
+                errors[r] = str(e)          # a padding row: no features, no label, no weight
+                ex_pad[r] = 1.0
+                lab[r], lab_pad[r] = 0, 1.0
+                continue
             x[r, :feats.shape[0]] = feats
             x_pad[r, :feats.shape[0]] = 0.0
         out["audio" if raw else "features"] = x
@@ -423,10 +506,32 @@ class _BuildBatch:
         dur = np.zeros((b,), np.float32)
         dur[:len(idx)] = [self.utts[i].duration for i in idx]
         out["durations"] = dur
-        ex_pad = np.ones((b,), np.float32)
-        ex_pad[:len(idx)] = 0.0
         out["example_paddings"] = ex_pad
+        weights = 1.0 - ex_pad
+        weights[:len(idx)] *= [self.label_weights[i] for i in idx]
+        out["label_weights"] = weights
+        out["errors"] = np.array(errors, dtype=np.str_) if errors else np.zeros((0,), np.str_)
         return out
+
+    def _features(self, u: Utterance, length: int, raw: bool, rng: np.random.Generator) -> np.ndarray:
+        audio = load_audio(u.audio_path, self.fc.sample_rate, offset=u.offset,
+                           duration=u.duration if u.offset else None, expected_duration=u.duration)
+        if self.augment is not None:
+            audio = np.asarray(self.augment(audio, self.fc.sample_rate, rng), np.float32)
+        if raw:
+            feats = audio
+        else:
+            feats = compute_features(audio, self.fc, cmvn=self.cmvn, rng=rng if self.fc.dither else None)
+            if self.fc.kind == "whisper":
+                feats = feats.T
+        if feats.shape[0] > length:
+            raise _TooLong(f"{u.audio_path} gives {feats.shape[0]} {'samples' if raw else 'frames'}, more than its "
+                           f"bucket's {length}: its manifest duration {u.duration} s is too short")
+        return feats
+
+
+class _TooLong(ValueError):
+    """An utterance is longer than its manifest duration promised (its bucket cannot hold it)."""
 
 
 class AsrLoader:
@@ -435,14 +540,19 @@ class AsrLoader:
 
     Attributes: batches_per_epoch (global, all shards), steps_per_epoch (this shard), num_steps (this shard, all
     epochs; None when endless), bucket_shapes (the
-    (B, T, N) shapes batches can have; T counts samples when output="audio"), buckets, num_utterances, dropped
-    (ids left out by drop_too_long / drop_unfit).
+    (B, T, N) shapes batches can have; T counts samples when output="audio"), buckets, num_utterances (those
+    batched), skipped (a ``{"id", "audio", "cause", "reason"}`` record for each utterance left out; cause
+    "too_long" or "oversize" (drop_too_long), "unfit" (drop_unfit), "unencodable" (skip_unencodable)), dropped
+    (their ids), placeholders (records of the utterances batched with a placeholder label under
+    keep_unscorable; cause "unencodable" or "unfit").
     """
 
-    def __init__(self, data_loader, buckets, shapes, batches_per_epoch, shard_count, num_utterances, dropped,
-                 num_epochs):
+    def __init__(self, data_loader, buckets, shapes, batches_per_epoch, shard_count, num_utterances, skipped,
+                 placeholders, num_epochs):
         self.data_loader, self.buckets, self.bucket_shapes = data_loader, buckets, shapes
-        self.batches_per_epoch, self.num_utterances, self.dropped = batches_per_epoch, num_utterances, dropped
+        self.batches_per_epoch, self.num_utterances = batches_per_epoch, num_utterances
+        self.skipped, self.placeholders = skipped, placeholders
+        self.dropped = [r["id"] for r in skipped]
         self.steps_per_epoch = batches_per_epoch // shard_count
         self.num_steps = None if num_epochs is None else self.steps_per_epoch * num_epochs   # None: endless
 
@@ -465,7 +575,10 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
 
       features [B, T, F] float32, feature_paddings [B, T] (or audio [B, S], audio_paddings [B, S]),
       labels [B, N] int32 (padding 0), label_paddings [B, N], ids [B] str ("" for padding rows),
-      durations [B] float32, example_paddings [B] (1.0 = padding row: all its frames and labels are padded).
+      durations [B] float32, example_paddings [B] (1.0 = padding row: all its frames and labels are padded),
+      label_weights [B] (1.0 for a row whose label counts in a loss: 0 for padding rows and placeholder labels),
+      errors [B] str (why a row's audio failed to load under skip_bad_audio: a padding row that keeps its id; ""
+      otherwise).
 
     (B, T, N) is one of `loader.bucket_shapes`. Each epoch yields every utterance exactly once (across all shards).
     `augment(audio, sample_rate, rng)` (e.g. jasr.augment.AudioAugment) runs host-side with a per-batch
@@ -488,17 +601,33 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
             raise ValueError("normalize='global' needs CMVN stats: pass cmvn= or set FeatureConfig.cmvn_path")
         cmvn = CmvnStats.load(fc.cmvn_path)
 
-    labels = []
-    for u in utterances:
+    labels, label_weights, skipped, placeholders = [], [], [], []
+    keep = np.ones(len(utterances), bool)
+
+    def leave_out(i, cause, reason, *, placeholder=False):
+        rec = {"id": utterances[i].id, "audio": utterances[i].audio_path, "cause": cause, "reason": reason}
+        if placeholder:              # kept, scored against its text, no loss (an empty label always fits)
+            placeholders.append(rec)
+            labels[i], label_weights[i] = np.zeros((0,), np.int32), 0.0
+        else:
+            skipped.append(rec)
+            keep[i] = False
+
+    for i, u in enumerate(utterances):
         if not u.text.strip():
             raise ValueError(f"utterance {u.id!r}: empty transcript")
+        labels.append(np.zeros((0,), np.int32))
+        label_weights.append(1.0)
         try:
             ids = np.asarray(encode(u.text), np.int32)
-        except ValueError as e:
-            raise ValueError(f"utterance {u.id!r}: {e}") from e
+        except ValueError as e:              # TokenizerError: characters outside the vocabulary
+            if not (bc.keep_unscorable or bc.skip_unencodable):
+                raise ValueError(f"utterance {u.id!r}: {e}") from e
+            leave_out(i, "unencodable", f"transcript not encodable: {e}", placeholder=bc.keep_unscorable)
+            continue
         if ids.size == 0:
             raise ValueError(f"utterance {u.id!r}: transcript {u.text!r} encodes to no tokens")
-        labels.append(ids)
+        labels[i] = ids
 
     min_speed = float(getattr(augment, "min_speed", 1.0))
     max_speed = float(getattr(augment, "max_speed", 1.0))
@@ -514,29 +643,49 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
     lens = [_bucket_lengths(e, fc, bc)[1 if bc.output == "audio" else 0] for e in edges]
     edges = np.asarray([e for i, e in enumerate(edges) if i == len(edges) - 1 or lens[i] != lens[i + 1]])
     bucket_of = np.searchsorted(edges, longest - 1e-9, side="left")
-    dropped = []
-    keep = np.ones(len(utterances), bool)
-    too_long = bucket_of >= len(edges)
+    too_long = keep & (bucket_of >= len(edges))
     if too_long.any():
         bad = [utterances[i].id for i in np.flatnonzero(too_long)]
         if not bc.drop_too_long:
             raise ValueError(f"{len(bad)} utterances are longer than the last bucket edge {edges[-1]} s "
                              f"(e.g. {bad[:3]}); raise bucket_boundaries or set drop_too_long")
-        dropped += bad
-        keep &= ~too_long
+        for i in np.flatnonzero(too_long):
+            leave_out(i, "too_long", f"{longest[i]:.3f} s is longer than the last bucket edge {edges[-1]} s "
+                                     f"(drop_too_long)")
     # labels must fit the frames (after subsampling) of the shortest version of the audio
     fit_frames = np.array([_frames_for(d, fc, upper=False) for d in shortest]) // bc.subsampling
     lab_len = np.array([len(l) for l in labels])
     unfit = keep & (lab_len > fit_frames)
     if unfit.any():
         bad = [f"{utterances[i].id} ({lab_len[i]} tokens > {fit_frames[i]} frames)" for i in np.flatnonzero(unfit)]
-        if not bc.drop_unfit:
+        if not (bc.drop_unfit or bc.keep_unscorable):
             raise ValueError(f"{len(bad)} labels are longer than the frames they must fit (subsampling "
                              f"{bc.subsampling}): {bad[:3]}; set drop_unfit to leave them out")
-        dropped += [utterances[i].id for i in np.flatnonzero(unfit)]
-        keep &= ~unfit
+        for i in np.flatnonzero(unfit):
+            leave_out(i, "unfit", f"label of {lab_len[i]} tokens cannot fit {fit_frames[i]} frames (subsampling "
+                         f"{bc.subsampling}){'' if bc.keep_unscorable else ' (drop_unfit)'}",
+                      placeholder=bc.keep_unscorable)
+        lab_len = np.array([len(l) for l in labels])
+    # a bucket whose padded length exceeds max_frames would make batches of one bigger than max_frames
+    frames_of = np.array([_bucket_lengths(e, fc, bc)[0] for e in edges])
+    oversize = keep & (bucket_of < len(edges)) & (frames_of[np.minimum(bucket_of, len(edges) - 1)] > bc.max_frames)
+    if oversize.any() and not bc.allow_oversize:
+        need = np.array([_frames_for(utterances[i].duration, fc) for i in range(len(utterances))])
+        which = np.flatnonzero(oversize)
+        t_max = int(frames_of[bucket_of[which]].max())
+        msg = (f"max_frames={bc.max_frames} (config data.max_frames) is below the padded frames of a batch of one "
+               f"for {len(which)} of {int(keep.sum())} utterances (e.g. {[utterances[i].id for i in which[:3]]}; "
+               f"their buckets pad to up to {t_max} frames); the utterances need {int(need.min())} (shortest) to "
+               f"{int(need.max())} (longest) frames")
+        if not bc.drop_too_long:
+            raise DataError(f"{msg}: raise max_frames to at least {t_max}, or set drop_too_long "
+                            f"(config data.drop_too_long) to leave those utterances out")
+        for i in which:
+            leave_out(i, "oversize", f"its bucket pads to {int(frames_of[bucket_of[i]])} frames, more than "
+                                     f"max_frames={bc.max_frames} (drop_too_long)")
     if not keep.any():
-        raise ValueError("make_loader: every utterance was dropped")
+        raise ValueError(f"make_loader: every utterance was left out ({len(skipped)}: e.g. "
+                         f"{[r['id'] + ': ' + r['reason'] for r in skipped[:3]]})")
     bucket_of = np.where(keep, bucket_of, -1)
 
     buckets = []
@@ -576,13 +725,15 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
         _absl_flags_workaround()
     source = _BatchPlanSource(bucket_of, sizes, bpe, seed, shuffle, shard_count, fingerprint)
     sampler = _BatchSampler(bpe, num_epochs, seed)
-    build = _BuildBatch(list(utterances), labels, buckets, label_buckets, fc, bc, cmvn, augment)
+    build = _BuildBatch(list(utterances), labels, np.asarray(label_weights, np.float32), buckets, label_buckets,
+                        fc, bc, cmvn, augment)
     transform = _BuildBatchTransform(build)
     loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[transform],
                               worker_count=worker_count, worker_buffer_size=worker_buffer_size,
                               shard_options=grain.ShardOptions(shard_index=shard_index, shard_count=shard_count,
                                                                drop_remainder=False))
-    return AsrLoader(loader, buckets, sorted(shapes), bpe, shard_count, int(keep.sum()), dropped, num_epochs)
+    return AsrLoader(loader, buckets, sorted(shapes), bpe, shard_count, int(keep.sum()), skipped, placeholders,
+                     num_epochs)
 
 
 def _absl_flags_workaround():
