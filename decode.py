@@ -13,6 +13,8 @@ usage: python decode.py --workdir DIR [--split NAME | --manifest FILE.jsonl | FI
 
 Decoding is greedy: CTC best path (conformer_ctc, wav2vec2_ctc, conformer_aed with loss.type="joint") or greedy
 attention decoding (conformer_aed with loss.type="attention", whisper). Prints WER and CER against the references.
+A file that cannot be read (missing header, truncated, no samples, non-finite samples, not as long as its manifest
+says) is reported, one line each, and written to the results with an "error" field; the others are decoded.
 A wav2vec2_pretrain run has no decoder: decode.py refuses it (its dev loss is in DIR/metrics.jsonl).
 """
 import json
@@ -48,31 +50,43 @@ def _parse(argv):
 
 
 def _utterances(opts, cfg, root):
-    """(name, utterances) to decode; utterances without a transcript carry jasr.run_data's placeholder."""
-    from jasr.audio import audio_info
-    from jasr.data import Utterance, read_folder, read_manifest
+    """(name, utterances to decode, records {"id", "audio", "reason"} of files whose header cannot be read);
+    utterances without a transcript carry jasr.run_data's placeholder."""
+    from jasr.audio import AudioError, audio_info
+    from jasr.data import AUDIO_EXTENSIONS, ManifestError, Utterance, read_folder, read_manifest
     from jasr.run_data import split_utterances, with_placeholder_transcripts
+    bad = []
     if opts["split"]:
-        return opts["split"], split_utterances(cfg, opts["split"], root)
+        return opts["split"], split_utterances(cfg, opts["split"], root, bad=bad), bad
     if opts["manifest"]:
         if not os.path.exists(opts["manifest"]):
             raise FileNotFoundError(f"--manifest: {opts['manifest']} does not exist")
         name = os.path.splitext(os.path.basename(opts["manifest"]))[0]
-        return name, with_placeholder_transcripts(read_manifest(opts["manifest"], allow_empty_text=True))
-    utts = []
+        utts = read_manifest(opts["manifest"], allow_empty_text=True, bad=bad)
+        return name, with_placeholder_transcripts(utts), bad
+    utts, files = [], []
     for p in opts["files"]:
         if os.path.isdir(p):
             try:
-                utts += read_folder(p)
+                utts += read_folder(p, bad=bad)
                 continue
-            except ValueError:
-                pass
+            except ManifestError:        # not every file has a transcript: decode them all, unlabelled
+                files += sorted(os.path.join(d, n) for d, _, names in os.walk(p) for n in names
+                                if os.path.splitext(n)[1].lower() in AUDIO_EXTENSIONS)
+                continue
         if not os.path.exists(p):
             raise FileNotFoundError(f"audio file {p!r} does not exist")
-        info = audio_info(p)
-        utts.append(Utterance(id=os.path.splitext(os.path.basename(p))[0], audio_path=os.path.abspath(p),
-                              text="", duration=info.duration, sample_rate=info.sample_rate))
-    return "files", with_placeholder_transcripts(utts)
+        files.append(p)
+    for p in files:
+        uid = os.path.splitext(os.path.basename(p))[0]
+        try:
+            info = audio_info(p)
+        except AudioError as e:
+            bad.append({"id": uid, "audio": os.path.abspath(p), "reason": str(e)})
+            continue
+        utts.append(Utterance(id=uid, audio_path=os.path.abspath(p), text="", duration=info.duration,
+                              sample_rate=info.sample_rate))
+    return "files", with_placeholder_transcripts(utts), bad
 
 
 def main(argv):
@@ -95,25 +109,32 @@ def main(argv):
         if not run.task.has_decoder:
             raise ValueError(f"{opts['workdir']} is a {cfg.model.name} run: it has no decoder to transcribe with "
                              f"(fine-tune it with configs/wav2vec2_ctc.py; its dev loss is in metrics.jsonl)")
-        name, utts = _utterances(opts, cfg, root)
+        name, utts, bad = _utterances(opts, cfg, root)
     except (ValueError, FileNotFoundError) as e:
         print(f"decode.py: error: {e}", file=sys.stderr)
         return 2
-    print(f"[decode] {len(utts)} utterances of {name!r} with checkpoint step {step} of {opts['workdir']}",
-          flush=True)
+    print(f"[decode] {len(utts) + len(bad)} utterances of {name!r} with checkpoint step {step} of "
+          f"{opts['workdir']}", flush=True)
     t0 = time.time()
-    m, results = evaluate_utterances(run, utts)
+    m, results = evaluate_utterances(run, utts, bad=bad)
     dt = time.time() - t0
     out_path = opts["output"] or os.path.join(opts["workdir"], f"decode_{name}.jsonl")
     with open(out_path, "w") as f:
         for r in results:
             f.write(json.dumps(r) + "\n")
-    for r in results[:opts["show"]]:
+    decoded = [r for r in results if "error" not in r]
+    for r in decoded[:opts["show"]]:
         print(f"  {r['id']}\n    ref: {r['ref']}\n    hyp: {r['hyp']}")
+    failed = [r for r in results if "error" in r]
+    for r in failed:
+        print(f"[decode] failed: {r['id']}: {r['error']}")
     audio_s = sum(u.duration for u in utts)
     line = f"[decode] {name}: {m['utterances']} utterances"
     if "wer" in m:
         line += f", WER {100 * m['wer']:.2f}%, CER {100 * m['cer']:.2f}%"
+    if failed:
+        line += f"; {len(failed)} files could not be read (not in WER; listed above, with an \"error\" field in " \
+                f"the results)"
     line += f" ({audio_s:.0f} s of audio in {dt:.1f} s); results in {out_path}"
     print(line, flush=True)
     return 0

@@ -59,6 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.device_features = False      # load raw audio, compute features on device inside the jitted step
     c.data.drop_unfit = False           # drop (instead of rejecting) utterances whose labels cannot fit the frames
     c.data.drop_too_long = False        # drop (instead of rejecting) utterances longer than the last bucket
+    c.data.max_bad_fraction = 0.01      # unreadable/truncated/non-finite audio or unencodable transcripts are
+                                        # skipped (named in the log); more than this fraction of a split: error
     c.data.num_workers = 0              # grain worker processes (0: in-process)
     c.data.shuffle_seed = 0
     c.data.spec_augment = False         # SpecAugment on device (train only)
@@ -169,6 +171,8 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     _require(d.sample_rate in (8000, 16000, 22050, 24000, 44100, 48000),
              f"config 'data.sample_rate' must be a standard rate, got {d.sample_rate}")
     _require(d.max_frames >= 1, f"config 'data.max_frames' must be >= 1, got {d.max_frames}")
+    _require(0.0 <= d.max_bad_fraction <= 1.0,
+             f"config 'data.max_bad_fraction' must be in [0, 1], got {d.max_bad_fraction}")
     _require(d.max_batch_size >= 0, f"config 'data.max_batch_size' must be >= 0, got {d.max_batch_size}")
     _require(d.num_buckets >= 1, f"config 'data.num_buckets' must be >= 1, got {d.num_buckets}")
     _require(all(isinstance(b, (int, float)) and b > 0 for b in d.bucket_boundaries)

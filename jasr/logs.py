@@ -1,7 +1,8 @@
-"""Training logs: a tqdm progress bar, TensorBoard event files (tensorboardX) and a JSONL metrics log.
+"""Training logs: a tqdm progress bar, TensorBoard event files (tensorboardX), a JSONL metrics log, and the log of
+utterances left out (``skipped.jsonl``, :class:`SkipLog`).
 
-On resume from step S the JSONL log is cut back to records with ``step <= S`` and TensorBoard purges events after
-S, so a resumed run's logs read as if the run had never been interrupted.
+On resume from step S the JSONL logs are cut back to records with ``step <= S`` and TensorBoard purges events
+after S, so a resumed run's logs read as if the run had never been interrupted.
 """
 from __future__ import annotations
 
@@ -100,6 +101,12 @@ class TrainLogger:
                               audio_s=f"{rec['audio_seconds_per_s']:.1f}", refresh=False)
         return rec
 
+    def log_data(self, step: int, counts: dict) -> dict:
+        """A ``kind: "data"`` record: how many utterances are used, skipped (bad input) and dropped (by config)."""
+        rec = {"step": int(step), "kind": "data", **counts}
+        self._write(rec)
+        return rec
+
     def log_eval(self, step: int, split: str, metrics: dict) -> dict:
         rec = {"step": int(step), "kind": f"eval/{split}", **{k: _finite(v) for k, v in metrics.items()}}
         self._write(rec)
@@ -134,3 +141,61 @@ class TrainLogger:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class SkipLog:
+    """Every utterance a run leaves out or cannot score, named: ``workdir/skipped.jsonl`` (one record per utterance
+    and split: ``{"step", "split", "id", "audio", "action", "cause", "reason"}``) and a line through `echo` for each
+    one skipped or dropped.
+
+    action: "skipped" (bad input: unreadable/truncated/non-finite audio, a transcript the tokenizer cannot encode),
+    "dropped" (by config: drop_unfit, drop_too_long) or "no_loss" (kept in evaluation with a placeholder label, so
+    outside the dev loss but scored). A (re)started run rewrites the records found before its first step (step 0);
+    those found while training (a file that fails on first read at step s) are kept up to the step it resumes from,
+    as in metrics.jsonl.
+    """
+
+    def __init__(self, workdir: str, start_step: int = 0, echo=print):
+        self.path = os.path.join(workdir, "skipped.jsonl")
+        self._echo = echo
+        earlier = []
+        if start_step and os.path.exists(self.path):
+            truncate_jsonl(self.path, start_step)
+            earlier = [r for r in read_jsonl(self.path) if r.get("step", 0) > 0]
+        self.records: list[dict] = earlier
+        self._seen = {(r["split"], r["id"], r["action"]) for r in earlier}
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.records)
+        os.replace(tmp, self.path)
+
+    def add(self, step: int, split: str, records, action: str, *, echo: bool = True) -> list[dict]:
+        """Records `records` (dicts with id, audio, reason and optionally cause) of `split` not logged before;
+        returns the new ones. Records of step 0 go before those found during training."""
+        new = []
+        for r in records:
+            key = (split, r["id"], action)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            rec = {"step": int(step), "split": split, "id": r["id"], "audio": r.get("audio", ""), "action": action,
+                   "cause": r.get("cause", "bad_audio"), "reason": r["reason"]}
+            new.append(rec)
+            if echo:
+                self._echo(f"[data] {action} {split} utterance {rec['id']} ({rec['audio']}): {rec['reason']}")
+        if not new:
+            return new
+        if step == 0:
+            self.records = [r for r in self.records if r["step"] == 0] + new + [r for r in self.records if r["step"]]
+            self._rewrite()
+        else:
+            self.records += new
+            with open(self.path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in new)
+        return new
+
+    def count(self, split: str, action: str) -> int:
+        return sum(r["split"] == split and r["action"] == action for r in self.records)

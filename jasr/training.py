@@ -25,11 +25,12 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from jasr import metrics as metrics_lib
 from jasr.checkpoint import Checkpointer
 from jasr.config import ConfigError, load_saved_config, save_config, validate_config
-from jasr.data import Utterance
-from jasr.logs import TrainLogger
+from jasr.data import Utterance, check_utterances
+from jasr.logs import SkipLog, TrainLogger
 from jasr.optim import make_optimizer_from_config
-from jasr.run_data import (device_inputs, dummy_batch, feature_config, make_eval_loader, make_train_loader,
-                           prepare_data, raw_audio_batches, reference_texts, resolve)
+from jasr.run_data import (RunData, check_bad_fraction, device_inputs, dummy_batch, feature_config,
+                           make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
+                           resolve, unencodable_summary)
 from jasr.steps import TrainState, create_train_state, eval_step, step_key, train_step
 from jasr.tasks import Task, build_task, family
 from jasr.tokenizers import load_tokenizer
@@ -73,10 +74,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     init_key = jax.random.PRNGKey(cfg.seed)
     abstract = jax.eval_shape(init_fn, init_key, batch=init_batch)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
-    print(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
-          f"{len(data.train)} train / {len(data.dev)} dev utterances; batch shapes {train_loader.bucket_shapes}",
-          flush=True)
     edges = [float(b.max_duration) for b in train_loader.buckets]
+    dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, edges=edges) if data.dev else None
+    print(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
+          f"{train_loader.num_utterances} train / {dev_loader.num_utterances if dev_loader else 0} dev utterances"
+          f"{_left_out_note(data, train_loader)}; batch shapes {train_loader.bucket_shapes}", flush=True)
     with open(os.path.join(workdir, "buckets.json"), "w") as f:
         json.dump({"bucket_boundaries": edges, "bucket_shapes": train_loader.bucket_shapes}, f)
 
@@ -106,9 +108,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     # -- steps, logs, dev evaluation, checkpoints ---------------------------------------------------------------
     train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx))
     eval_fn = eval_function(task)
-    dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, edges=edges) if data.dev else None
     dev_texts = reference_texts(data.dev)
     logger = TrainLogger(workdir, t.num_steps, start, progress=t.progress, tensorboard=t.tensorboard)
+    skips = SkipLog(workdir, start, echo=logger.write)
+    counts = functools.partial(_counts, skips, data, train_loader, dev_loader)
+    logger.log_data(start, _log_left_out(skips, data, train_loader, dev_loader, logger.write,
+                                         cfg.data.max_bad_fraction))
     acc, n_acc = None, 0
     step = start
     final = {}
@@ -116,6 +121,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     try:
         while step < t.num_steps:
             batch = next(it)
+            if any(batch["errors"]):     # files that failed on first read: padding rows, named and counted
+                _log_failed(skips, step + 1, "train", batch["ids"], batch["errors"], data, counts, logger,
+                            cfg.data.max_bad_fraction)
             inputs = device_inputs(batch)
             state, m = train_fn(state, inputs, step_key(state))
             step += 1
@@ -133,8 +141,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                 acc, n_acc = None, 0
             dev_metrics = None
             if dev_loader is not None and (step % t.eval_every == 0 or step == t.num_steps):
-                dev_metrics, _ = evaluate(state, eval_fn, dev_loader, data.tokenizer, dev_texts,
-                                          max_batches=t.max_eval_batches)
+                dev_metrics, dev_results = evaluate(state, eval_fn, dev_loader, data.tokenizer, dev_texts,
+                                                    max_batches=t.max_eval_batches)
+                failed = [r for r in dev_results if "error" in r]
+                if failed:
+                    _log_failed(skips, step, "dev", [r["id"] for r in failed], [r["error"] for r in failed], data,
+                                counts, logger, cfg.data.max_bad_fraction)
                 logger.log_eval(step, "dev", dev_metrics)
                 final.update({f"dev_{k}": v for k, v in dev_metrics.items()})
             stop_now = bool(t.stop_after) and step - start >= t.stop_after and step % t.log_every == 0
@@ -152,6 +164,68 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         logger.close()
     final.update({"step": step, "wall_s": time.time() - t0, "skipped_total": int(state.skipped)})
     return final
+
+
+def _left_out_note(data: RunData, train_loader) -> str:
+    """For the start line: how many utterances the header check and the train loader left out."""
+    parts = []
+    for split in ("train", "dev"):
+        n = sum(r["split"] == split for r in data.skipped)
+        if split == "train":
+            n += sum(r["cause"] == "unencodable" for r in train_loader.skipped)
+        if n:
+            parts.append(f"{n} {split} skipped")
+    dropped = sum(r["cause"] != "unencodable" for r in train_loader.skipped)
+    if dropped:
+        parts.append(f"{dropped} train dropped")
+    return f" ({', '.join(parts)}: see skipped.jsonl)" if parts else ""
+
+
+def _counts(skips: SkipLog, data: RunData, train_loader, dev_loader) -> dict:
+    """The "data" record of metrics.jsonl: utterances used, skipped (bad input) and dropped (by config)."""
+    return {"train_utterances": train_loader.num_utterances, "train_total": data.totals.get("train", len(data.train)),
+            "skipped_utterances": skips.count("train", "skipped"),
+            "dropped_utterances": skips.count("train", "dropped"),
+            "dev_utterances": dev_loader.num_utterances if dev_loader else 0,
+            "dev_total": data.totals.get("dev", len(data.dev)),
+            "dev_skipped_utterances": skips.count("dev", "skipped"),
+            "dev_no_loss_utterances": skips.count("dev", "no_loss")}
+
+
+def _log_left_out(skips: SkipLog, data: RunData, train_loader, dev_loader, write, max_bad_fraction: float) -> dict:
+    """Names every utterance left out before the first step (header check, train loader) and every dev utterance
+    without a dev loss in `skips`; DataError past data.max_bad_fraction; returns the counts for metrics.jsonl."""
+    for split in ("train", "dev"):
+        skips.add(0, split, [r for r in data.skipped if r["split"] == split], "skipped")
+    bad_text = [r for r in train_loader.skipped if r["cause"] == "unencodable"]
+    skips.add(0, "train", bad_text, "skipped")
+    skips.add(0, "train", [r for r in train_loader.skipped if r["cause"] != "unencodable"], "dropped")
+    check_bad_fraction("train", [r for r in skips.records if r["split"] == "train" and r["action"] == "skipped"],
+                       data.totals.get("train", len(data.train)), max_bad_fraction)
+    line = unencodable_summary("train", bad_text, len(data.train))
+    if line:
+        write(f"[data] {line}: skipped (see skipped.jsonl)")
+    if dev_loader is not None:
+        skips.add(0, "dev", dev_loader.placeholders, "no_loss", echo=False)
+        unfit = [r for r in dev_loader.placeholders if r["cause"] == "unfit"]
+        for line in (unencodable_summary("dev", dev_loader.placeholders, len(data.dev)),
+                     unfit and f"{len(unfit)} of {len(data.dev)} dev labels cannot fit their frames, "
+                               f"e.g. {unfit[0]['id']}"):
+            if line:
+                write(f"[data] {line}: scored in WER against their text, no dev loss (see skipped.jsonl)")
+    return _counts(skips, data, train_loader, dev_loader)
+
+
+def _log_failed(skips: SkipLog, step: int, split: str, ids, errors, data: RunData, counts: Callable[[], dict],
+                logger: TrainLogger, max_bad_fraction: float) -> None:
+    """Names the utterances of `split` whose file failed to load when read (the loader's `errors`; "" = loaded) in
+    `skips` and metrics.jsonl; DataError past data.max_bad_fraction of the split."""
+    audio = {u.id: u.audio_path for u in (data.train if split == "train" else data.dev)}
+    recs = [{"id": str(i), "audio": audio.get(str(i), ""), "reason": str(e)} for i, e in zip(ids, errors) if e]
+    if skips.add(step, split, recs, "skipped"):
+        logger.log_data(step, counts())
+        check_bad_fraction(split, [r for r in skips.records if r["split"] == split and r["action"] == "skipped"],
+                           data.totals.get(split, len(audio)), max_bad_fraction)
 
 
 def _check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
@@ -225,32 +299,39 @@ def eval_function(task: Task) -> Callable:
 
 def evaluate(state: TrainState, eval_fn: Callable, loader, tokenizer, texts: dict, *, max_batches: int = 0
              ) -> tuple[dict, list[dict]]:
-    """Runs `eval_fn` over one pass of `loader`; returns ({loss, wer, cer, utterances}, per-utterance results).
+    """Runs `eval_fn` over one pass of `loader`; returns ({loss, wer, cer, utterances, failed}, per-utterance
+    results).
 
-    `texts`: utterance id -> reference transcript ("" for files without one: no WER for those).
+    `texts`: utterance id -> reference transcript ("" for files without one: no WER for those). `utterances` counts
+    the utterances decoded (those with a reference are scored in WER/CER, placeholder labels included: they only
+    have no loss); `failed` the files that could not be read: their result is ``{"id", "ref", "error"}``.
     """
     loss_sum = weight = 0.0
-    results = []
+    results, failed = [], []
     for i, batch in enumerate(loader):
         if max_batches and i >= max_batches:
             break
         out = jax.device_get(eval_fn(state, device_inputs(batch)))
         loss_sum += float(out["loss_sum"])
         weight += float(out["weight"])
+        errors = batch.get("errors")
+        for r, uid in enumerate(str(x) for x in batch["ids"]):
+            if uid and errors is not None and errors[r]:
+                failed.append({"id": uid, "ref": texts.get(uid) or "", "error": str(errors[r])})
         if "ids" in out:
             for r, uid in enumerate(str(x) for x in batch["ids"]):
-                if not uid:
+                if not uid or (errors is not None and errors[r]):
                     continue
                 hyp_ids = out["ids"][r, :int(out["lengths"][r])].tolist()
                 results.append({"id": uid, "ref": texts.get(uid) or "",
                                 "hyp": " ".join(tokenizer.decode(hyp_ids).split())})
-    m = {"loss": loss_sum / max(weight, 1.0), "utterances": len(results)}
+    m = {"loss": loss_sum / max(weight, 1.0), "utterances": len(results), "failed": len(failed)}
     scored = [r for r in results if r["ref"]]
     if scored:
         refs, hyps = [r["ref"] for r in scored], [r["hyp"] for r in scored]
         m["wer"] = metrics_lib.wer(refs, hyps)
         m["cer"] = metrics_lib.cer(refs, hyps)
-    return m, results
+    return m, results + failed
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -303,8 +384,18 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
     return RunInfo(cfg, tok, task, state, step, edges)
 
 
-def evaluate_utterances(run: RunInfo, utts: list[Utterance]) -> tuple[dict, list[dict]]:
+def evaluate_utterances(run: RunInfo, utts: list[Utterance], *, bad: list[dict] = ()) -> tuple[dict, list[dict]]:
     """Greedy transcripts of `utts` with a loaded run, in batches of the run's training shapes; WER/CER against
-    the utterances that have a transcript (see :func:`evaluate`)."""
-    loader = make_eval_loader(run.config, utts, run.tokenizer, edges=run.bucket_edges)
-    return evaluate(run.state, eval_function(run.task), loader, run.tokenizer, reference_texts(utts))
+    the utterances that have a transcript (see :func:`evaluate`). Each file's header is checked first
+    (jasr.data.check_utterances): a file that fails that check or fails to decode, and each record of `bad`
+    (``{"id", "reason"}``, e.g. from read_manifest's `bad`), gets a result ``{"id", "ref", "error"}`` and counts
+    in `failed`; the others are decoded and scored."""
+    texts = reference_texts(utts)
+    ok, unreadable = check_utterances(utts)
+    failed = [{"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]} for r in [*bad, *unreadable]]
+    m, results = {"utterances": 0, "failed": 0}, []
+    if ok:
+        loader = make_eval_loader(run.config, ok, run.tokenizer, edges=run.bucket_edges)
+        m, results = evaluate(run.state, eval_function(run.task), loader, run.tokenizer, texts)
+    m["failed"] += len(failed)
+    return m, results + failed

@@ -17,6 +17,7 @@ from jasr.audio import AudioError, audio_info, check_audio, load_audio
 from jasr.data import (BatchConfig, DataError, ManifestError, Utterance, check_utterances, make_loader,
                        read_manifest)
 from jasr.features import FeatureConfig
+from jasr.logs import SkipLog, read_jsonl
 from jasr.tokenizers import CharTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,3 +248,139 @@ def test_read_manifest_collects_unreadable_headers(tmp_path, faults):
     assert [u.id for u in utts] == ["truncated.wav", REAL[0]["id"]]
     assert utts[1].duration == 0.1                                     # num_samples / sample_rate
 
+
+def test_skip_log_resumes_like_metrics(tmp_path):
+    lines = []
+    log = SkipLog(str(tmp_path), 0, echo=lines.append)
+    log.add(0, "train", [{"id": "a", "audio": "/x/a.wav", "reason": "bad header"}], "skipped")
+    log.add(3, "train", [{"id": "b", "audio": "/x/b.wav", "reason": "NaN"}], "skipped")
+    log.add(3, "train", [{"id": "b", "audio": "/x/b.wav", "reason": "NaN"}], "skipped")     # once per utterance
+    log.add(9, "dev", [{"id": "c", "audio": "/x/c.wav", "reason": "NaN"}], "skipped")
+    assert lines == ["[data] skipped train utterance a (/x/a.wav): bad header",
+                     "[data] skipped train utterance b (/x/b.wav): NaN",
+                     "[data] skipped dev utterance c (/x/c.wav): NaN"]
+    resumed = SkipLog(str(tmp_path), 5, echo=lines.append)      # resumed at step 5: c (step 9) is found again
+    resumed.add(0, "train", [{"id": "a", "audio": "/x/a.wav", "reason": "bad header"}], "skipped")
+    recs = read_jsonl(str(tmp_path / "skipped.jsonl"))
+    assert [(r["step"], r["id"]) for r in recs] == [(0, "a"), (3, "b")]
+    assert resumed.count("train", "skipped") == 2 and resumed.count("dev", "skipped") == 0
+
+
+# ------------------------------------------------------------------------------------------------ training, decoding
+
+def _write_manifest(path, entries):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in entries)
+    return str(path)
+
+
+def _entry(row, **kw):
+    return {"id": row["id"], "audio": row["path"], "text": row["text"], "duration": row["duration"], **kw}
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory, faults):
+    """Manifests with every kind of bad input; returns (train manifest, dev manifest, ids by kind)."""
+    d = tmp_path_factory.mktemp("bad_run")
+    src = faults["truncated.wav"][1]
+    bad = {n: {"id": n.split(".")[0], "audio": faults[n][0], "text": src["text"], "duration": src["duration"]}
+           for n in ("truncated.wav", "empty.wav", "random.wav", "nan.wav")}
+    unfit = _entry(BY_ID["6_yweweler_3"], text="SIX " * 10 + "SIX")              # 0.14 s, 43 tokens
+    train = [_entry(r) for r in REAL] + list(bad.values()) + [unfit]
+    dev_rows = [BY_ID[f"{d}_george_{k}"] for d, k in ((0, 8), (1, 8), (2, 8))]
+    odd = _entry(BY_ID["3_george_8"], text="THREE!")                              # '!' is not in the train text
+    dev_unfit = _entry(BY_ID["6_nicolas_7"], id="dev_unfit", text="SIX " * 10 + "SIX")
+    dev_nan = dict(bad["nan.wav"], id="dev_nan")
+    dev = [_entry(r) for r in dev_rows] + [odd, dev_unfit, dev_nan]
+    ids = {"header": ["truncated", "empty", "random"], "read": ["nan"], "unfit": [unfit["id"]],
+           "dev_placeholder": [odd["id"], "dev_unfit"], "dev_read": ["dev_nan"]}
+    return _write_manifest(d / "train.jsonl", train), _write_manifest(d / "dev.jsonl", dev), ids
+
+
+def _bad_cfg(train_manifest, dev_manifest, **overrides):
+    from jasr.config import apply_override, load_config_file
+    cfg = load_config_file(os.path.join(ROOT, "configs", "fsdd.py"))
+    base = {"data.train_manifest": train_manifest, "data.dev_manifest": dev_manifest, "data.speakers_dev": "()",
+            "data.max_frames": "2400", "data.num_buckets": "1", "data.speed_perturb": "()", "data.gain_db": "()",
+            "data.spec_augment": "False", "data.max_bad_fraction": "0.5",
+            "model.d_model": "32", "model.num_layers": "1", "model.num_heads": "2", "model.ff_mult": "2",
+            "model.conv_kernel": "7", "model.subsampling_channels": "8",
+            "train.num_steps": "2", "train.log_every": "1", "train.eval_every": "2", "train.checkpoint_every": "2",
+            "train.progress": "False", "train.tensorboard": "False", "train.async_checkpoint": "False",
+            "optim.warmup_steps": "0", "optim.schedule": "constant"}
+    for k, v in {**base, **overrides}.items():
+        apply_override(cfg, k, str(v))
+    return cfg
+
+
+@pytest.mark.slow
+def test_training_skips_names_and_counts_bad_input(bad_run, faults, tmp_path_factory, capsys):
+    """One training run over manifests with every kind of bad input: it trains; each left-out utterance is named
+    on stdout and in skipped.jsonl and counted in metrics.jsonl; dev WER scores the utterances whose labels cannot
+    be losses. Then decode.py over bad files reports each and decodes the rest."""
+    from jasr.training import train
+    train_m, dev_m, ids = bad_run
+    workdir = str(tmp_path_factory.mktemp("run") / "w")
+    final = train(_bad_cfg(train_m, dev_m), workdir, root=ROOT)
+    out = capsys.readouterr().out
+    assert final["step"] == 2
+    # the start line counts what is used: 12 real + the NaN file (it passes the header check)
+    assert "13 train / 6 dev utterances (3 train skipped, 1 train dropped: see skipped.jsonl)" in out, out
+    for uid in ids["header"] + ids["read"]:
+        assert f"[data] skipped train utterance {uid} (" in out
+    assert "truncated.wav is truncated or corrupt: its header declares" in out
+    assert "nan.wav decodes to non-finite samples" in out
+    assert f"[data] dropped train utterance {ids['unfit'][0]} (" in out and "43 tokens" in out
+    assert "[data] skipped dev utterance dev_nan (" in out
+    assert "1 of 6 dev transcripts have characters outside the tokenizer's vocabulary ('!')" in out
+    assert "1 of 6 dev labels cannot fit their frames" in out
+
+    recs = read_jsonl(os.path.join(workdir, "skipped.jsonl"))
+    got = {(r["split"], r["id"], r["action"], r["step"]) for r in recs}
+    assert got == ({("train", i, "skipped", 0) for i in ids["header"]} | {("train", "nan", "skipped", 1)}
+                   | {("train", ids["unfit"][0], "dropped", 0), ("dev", "dev_nan", "skipped", 2)}
+                   | {("dev", i, "no_loss", 0) for i in ids["dev_placeholder"]})
+    assert all(r["audio"] and r["reason"] for r in recs)
+
+    metrics = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    data = [r for r in metrics if r["kind"] == "data"]
+    assert data[0]["step"] == 0 and data[0]["skipped_utterances"] == 3 and data[0]["dropped_utterances"] == 1
+    assert data[0]["train_utterances"] == 13 and data[0]["train_total"] == 17
+    assert data[0]["dev_no_loss_utterances"] == 2 and data[0]["dev_total"] == 6
+    assert data[-1]["skipped_utterances"] == 4 and data[-1]["dev_skipped_utterances"] == 1
+    (dev,) = [r for r in metrics if r["kind"] == "eval/dev"]
+    assert dev["utterances"] == 5 and dev["failed"] == 1 and np.isfinite(dev["loss"]) and "wer" in dev
+    assert all(np.isfinite(r["loss"]) for r in metrics if r["kind"] == "train")
+
+    # decode.py: the dev split (placeholder labels decoded and scored), then a manifest of bad and good files
+    import decode
+    assert decode.main(["--workdir", workdir, "--split", "dev", "--show", "0"]) == 0
+    res = {r["id"]: r for r in read_jsonl(os.path.join(workdir, "decode_dev.jsonl"))}
+    assert len(res) == 6 and "error" in res["dev_nan"] and "non-finite" in res["dev_nan"]["error"]
+    assert res["3_george_8"]["ref"] == "THREE!" and "hyp" in res["3_george_8"] and "hyp" in res["dev_unfit"]
+    capsys.readouterr()
+    m = _write_manifest(os.path.join(workdir, "mixed.jsonl"), read_jsonl(train_m)[10:16])
+    assert decode.main(["--workdir", workdir, "--manifest", m, "--show", "0"]) == 0
+    out = capsys.readouterr().out
+    res = read_jsonl(os.path.join(workdir, "decode_mixed.jsonl"))
+    assert len(res) == 6
+    failed = {r["id"]: r["error"] for r in res if "error" in r}
+    assert set(failed) == {"truncated", "empty", "random", "nan"}
+    assert {r["id"] for r in res if "hyp" in r} == {REAL[10]["id"], REAL[11]["id"]}
+    for uid, err in failed.items():
+        assert f"[decode] failed: {uid}: {err}" in out
+    assert "mixed: 2 utterances, WER" in out and "4 files could not be read" in out
+    # audio files on the command line: a zero-length one is reported, the other decoded
+    assert decode.main(["--workdir", workdir, "--output", os.path.join(workdir, "files.jsonl"),
+                        REAL[0]["path"], faults["empty.wav"][0]]) == 0
+    res = {r["id"]: r for r in read_jsonl(os.path.join(workdir, "files.jsonl"))}
+    assert "hyp" in res[REAL[0]["id"]] and "cannot read audio file" in res["empty"]["error"]
+
+
+
+def test_too_many_bad_files_is_a_clear_error(bad_run, tmp_path):
+    from jasr.training import train
+    train_m, dev_m, _ = bad_run
+    with pytest.raises(DataError, match=r"3 of 17 train utterances \(17\.6%\) are unusable, more than "
+                                        r"data\.max_bad_fraction=0\.1: truncated \(.*truncated\.wav\): .*; empty "):
+        train(_bad_cfg(train_m, dev_m, **{"data.max_bad_fraction": "0.1"}), str(tmp_path / "w"), root=ROOT)
