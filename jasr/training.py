@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 import time
 from typing import Any, Callable
 
@@ -87,8 +88,16 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     ckpt = Checkpointer(ckpt_dir, keep_last=t.keep_last, keep_best=t.keep_best, async_save=t.async_checkpoint,
                         best_metric=task.best_metric)
     start = 0
+    for note in ckpt.repaired:
+        print(f"[train] {note}", flush=True)
     if ckpt.latest_step() is not None:
-        state, extra = ckpt.restore(None, _abstract_like(abstract))
+        # the newest checkpoint that reads back whole; newer ones that do not are set aside (<step>.corrupt), so
+        # that the run writes those steps again
+        _, state, extra, skipped = ckpt.restore_intact(_abstract_like(abstract))
+        for s, why in skipped:
+            moved = ckpt.set_aside(s)
+            print(f"[train] checkpoint step {s} does not read back whole ({why}); skipped it, moved to {moved}",
+                  flush=True)
         it.set_state(extra["data_state"])
         start = int(state.step)
         print(f"[train] resumed from {ckpt_dir} at step {start}", flush=True)
@@ -363,20 +372,29 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
     task = build_task(cfg, tok.vocab_size, fc, tokenizer=tok, hf_dir=hf_dir)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=cfg.train.keep_last,
                         keep_best=cfg.train.keep_best, async_save=False, best_metric=task.best_metric)
-    if checkpoint == "best":
-        step = ckpt.best_step() or ckpt.latest_step()
-    elif checkpoint == "latest":
-        step = ckpt.latest_step()
-    else:
-        step = int(checkpoint)
-    if step is None:
+    if checkpoint not in ("best", "latest"):
+        try:
+            step = int(checkpoint)
+        except ValueError:
+            raise ValueError(f"checkpoint must be 'best', 'latest' or a step number, got {checkpoint!r}") from None
+    if not ckpt.all_steps():
         raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     tx, _ = make_optimizer_from_config(cfg.optim, cfg.train.num_steps, task.frozen)
     raw = raw_audio_batches(cfg)
     shape = (1, family(cfg.model.name).init_length(raw), 8)
     target = jax.eval_shape(lambda: create_train_state(jax.random.PRNGKey(0), task, tx, dummy_batch(shape, fc, raw)))
-    state, _ = ckpt.restore(step, _abstract_like(target))
-    ckpt.close()
+    for note in ckpt.repaired:
+        print(f"[load_run] {note}", file=sys.stderr, flush=True)
+    try:
+        if checkpoint in ("best", "latest"):   # the best (or latest) that reads back whole; a step is that step
+            step, state, _, skipped = ckpt.restore_intact(_abstract_like(target), prefer=checkpoint)
+            for s, why in skipped:
+                print(f"[load_run] checkpoint step {s} of {workdir} does not read back whole ({why}); skipped it",
+                      file=sys.stderr, flush=True)
+        else:
+            state, _ = ckpt.restore(step, _abstract_like(target))
+    finally:
+        ckpt.close()
     edges = None
     if os.path.exists(os.path.join(workdir, "buckets.json")):
         with open(os.path.join(workdir, "buckets.json")) as f:
