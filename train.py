@@ -12,9 +12,27 @@ usage: python train.py --config configs/NAME.py[:ARG] [--config.SECTION.KEY=VALU
   --print-config         print the resolved config and exit
 
 The config is validated before anything starts. See jasr/config.py:base_config() for every key and its default.
+A mistake in the input (config, manifest, audio, transcripts, tokenizer), a checkpoint that cannot be read or
+written, and a full disk are one line "train.py: error: ..." naming the file or key, with exit status 2.
 """
 import os
 import sys
+
+
+def _error(e) -> int:
+    print(f"train.py: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _raised_by_jasr(e: BaseException) -> bool:
+    """True for an exception raised by jasr's own code: its ValueErrors are checks of the user's input (manifests,
+    audio, transcripts, batch shapes, pretrained weights) with a message that names it. A ValueError raised inside
+    jax, numpy or another library is a bug and keeps its traceback."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename) if tb is not None else ""
+    return path.startswith(os.path.join(os.path.dirname(os.path.abspath(__file__)), "jasr") + os.sep)
 
 
 def main(argv):
@@ -50,13 +68,27 @@ def main(argv):
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    from jasr.audio import AudioError
+    from jasr.checkpoint import CheckpointError, is_disk_full
+    from jasr.data import DataError, ManifestError
+    from jasr.tokenizers import TokenizerError
     from jasr.training import enable_compilation_cache, train
     enable_compilation_cache(root)
     try:
         final = train(cfg, workdir, root=root)
-    except ConfigError as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
+    except (ConfigError, ManifestError, DataError, TokenizerError, AudioError, CheckpointError) as e:
+        return _error(e)
+    except OSError as e:
+        if is_disk_full(e):
+            return _error(f"no space left on device while writing {e.filename or 'to the run folder'} "
+                          f"(--workdir {os.path.abspath(workdir)}): {e.strerror or e}")
+        if isinstance(e, FileNotFoundError):
+            return _error(e)
+        raise
+    except ValueError as e:
+        if _raised_by_jasr(e):
+            return _error(e)
+        raise
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in final.items()
              if k in ("step", "loss", "dev_loss", "dev_wer", "dev_cer", "wall_s", "skipped_total")}
     print(f"[train] done: {shown}", flush=True)

@@ -365,11 +365,16 @@ def config_from_argv(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, li
 
 
 def save_config(cfg: ml_collections.ConfigDict, path: str) -> None:
-    """Writes the resolved config as JSON (atomically)."""
+    """Writes the resolved config as JSON (atomically; an OSError such as a full disk names `path`)."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(cfg.to_json_best_effort(indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(cfg.to_json_best_effort(indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise OSError(e.errno, e.strerror, path) from e
 
 
 def load_saved_config(path: str) -> ml_collections.ConfigDict:
