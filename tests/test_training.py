@@ -1,18 +1,20 @@
 """Training core: non-finite updates are skipped, gradient accumulation, schedules, weight-decay mask, greedy CTC
 decoding, WER/CER, and a tiny Conformer-CTC that learns (fp32 and bf16)."""
+import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from jasr import optim
+from jasr import losses, optim
 from jasr.decoding import ctc_greedy_ids
 from jasr.metrics import cer, wer, word_errors
 from jasr.steps import create_train_state, eval_step, step_key, train_step
-from jasr.tasks import build_task
+from jasr.tasks import Task, build_task
 from jasr.tasks.conformer import ConformerCTCTask
 from models.conformer import ConformerConfig, ConformerCTC
 
@@ -212,3 +214,96 @@ def test_conformer_aed_config_trains_a_few_steps():
     for t in (task, dataclasses.replace(task, joint=False)):   # CTC-head and attention greedy decoding
         out = jax.jit(functools.partial(eval_step, task=t))(state, batch)
         assert out["ids"].shape[0] == 4 and out["lengths"].shape == (4,) and np.isfinite(float(out["loss_sum"]))
+
+
+# ------------------------------------------------------------------------------------------------ NaN storm
+
+@jax.custom_vjp
+def _poison_grad(x, flag):
+    return x
+
+
+def _poison_fwd(x, flag):
+    return x, flag
+
+
+def _poison_bwd(flag, g):
+    return jnp.where(flag > 0, jnp.inf, 1.0) * g, jnp.zeros_like(flag)
+
+
+_poison_grad.defvjp(_poison_fwd, _poison_bwd)
+
+
+class _LinearCTC(nn.Module):
+    vocab_size: int
+
+    @nn.compact
+    def __call__(self, features, paddings):
+        return nn.Dense(self.vocab_size)(nn.tanh(nn.Dense(32)(features))), paddings
+
+
+@dataclasses.dataclass(frozen=True)
+class _PoisonTask(Task):
+    """A small CTC model (fast to compile); batch["poison"] = 1 makes every gradient non-finite while the loss
+    stays finite."""
+    name = "poison_ctc"
+    loss_types = ("ctc",)
+
+    def init(self, key, batch):
+        return self.model.init(key, batch["features"], batch["feature_paddings"])
+
+    def loss(self, params, model_state, batch, key, train):
+        params = jax.tree.map(lambda p: _poison_grad(p, batch["poison"]), params)
+        logits, pads = self.model.apply({"params": params}, batch["features"], batch["feature_paddings"])
+        total, tokens = losses.weighted_ctc_loss(logits, pads, batch["labels"], batch["label_paddings"],
+                                                 batch["row_weights"])
+        return total, (jnp.maximum(tokens, 1.0), model_state, {})
+
+
+def _storm_batches():
+    """Non-finite batches: NaN in the features, inf in the features, non-finite gradients of a finite loss."""
+    nan, inf, grads = _batch(), _batch(), _batch()
+    nan["features"] = nan["features"].copy()
+    nan["features"][1, 3, 2] = np.nan
+    inf["features"] = inf["features"].copy()
+    inf["features"][0, :, :] = np.inf
+    grads["poison"] = np.float32(1.0)
+    return [nan, inf, grads]
+
+
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_nan_storm_leaves_weights_and_optimizer_untouched(grad_accum):
+    """Several non-finite steps in a row (also inside a gradient-accumulation window: optax.MultiSteps' running
+    sum must not take in a NaN micro-batch) change nothing but the counters; training then goes on exactly as if
+    they had never happened (the model has no dropout, so the step keys do not matter)."""
+    task = _PoisonTask(model=_LinearCTC(vocab_size=6))
+    tx = optim.make_optimizer(schedule=optax.constant_schedule(3e-3), clip_norm=1.0, grad_accum=grad_accum)
+    good = {**_batch(), "poison": np.float32(0.0)}
+    state0 = create_train_state(jax.random.PRNGKey(0), task, tx, good)
+    step = jax.jit(functools.partial(train_step, task=task, tx=tx))
+    n_good = 2 * grad_accum           # two optimiser updates
+
+    clean = state0
+    for _ in range(n_good):
+        clean, m = step(clean, good, step_key(clean))
+        assert float(m["skipped"]) == 0.0
+
+    state = state0
+    storm = [{**b, "poison": b.get("poison", np.float32(0.0))} for b in _storm_batches()]
+    storm_after = {0} if grad_accum == 1 else {0, grad_accum + 1}     # between updates / mid-window
+    for i in range(n_good):
+        state, _ = step(state, good, step_key(state))
+        if i in storm_after:
+            for bad in storm:
+                before = state
+                state, m = step(state, bad, step_key(state))
+                assert float(m["skipped"]) == 1.0 and np.isnan(float(m["loss"]))
+                for a, b in zip(jax.tree.leaves((before.params, before.opt_state, before.model_state)),
+                                jax.tree.leaves((state.params, state.opt_state, state.model_state))):
+                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    n_bad = len(storm_after) * len(storm)
+    assert int(state.skipped) == n_bad and int(state.step) == n_good + n_bad
+    for a, b in zip(jax.tree.leaves((clean.params, clean.opt_state)), jax.tree.leaves((state.params, state.opt_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(clean.params), jax.tree.leaves(state0.params))), "it did train"
