@@ -53,7 +53,7 @@ def _utterances(opts, cfg, root):
     """(name, utterances to decode, records {"id", "audio", "reason"} of files whose header cannot be read);
     utterances without a transcript carry jasr.run_data's placeholder."""
     from jasr.audio import AudioError, audio_info
-    from jasr.data import AUDIO_EXTENSIONS, ManifestError, Utterance, read_folder, read_manifest
+    from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, read_folder, read_manifest
     from jasr.run_data import split_utterances, with_placeholder_transcripts
     bad = []
     if opts["split"]:

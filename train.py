@@ -70,7 +70,8 @@ def main(argv):
         return 2
     from jasr.audio import AudioError
     from jasr.checkpoint import CheckpointError, is_disk_full
-    from jasr.data import DataError, ManifestError
+    from jasr.data import DataError
+    from jasr.manifests import ManifestError
     from jasr.tokenizers import TokenizerError
     from jasr.training import enable_compilation_cache, train
     enable_compilation_cache(root)

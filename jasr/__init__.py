@@ -7,12 +7,12 @@ and the training loop in :mod:`jasr.training` (driven by ``train.py``).
 """
 from jasr.audio import AudioError, audio_info, load_audio, resample
 from jasr.augment import AudioAugment, spec_augment
-from jasr.data import (BatchConfig, ManifestError, Utterance, compute_cmvn_stats, make_loader, read_folder,
-                       read_manifest, write_manifest)
+from jasr.data import BatchConfig, DataError, compute_cmvn_stats, make_loader
 from jasr.decoding import ctc_greedy_decode, ctc_greedy_ids, ids_to_text
 from jasr.features import (CmvnStats, FeatureConfig, compute_features, compute_features_jax, fbank, mfcc, num_frames,
                            whisper_log_mel)
 from jasr.losses import ctc_loss, joint_ctc_attention_loss, wav2vec2_ctc_loss
+from jasr.manifests import ManifestError, Utterance, read_folder, read_manifest, write_manifest
 from jasr.metrics import cer, wer
 from jasr.tokenizers import CharTokenizer, SentencePieceTokenizer, TokenizerError, WhisperTokenizer, load_tokenizer
 
@@ -24,5 +24,6 @@ __all__ = [
     "whisper_log_mel", "num_frames",
     "CharTokenizer", "SentencePieceTokenizer", "WhisperTokenizer", "load_tokenizer", "TokenizerError",
     "Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig", "make_loader",
+    "DataError",
     "ctc_greedy_decode", "ctc_greedy_ids", "ids_to_text", "wer", "cer",
 ]

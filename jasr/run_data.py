@@ -26,9 +26,10 @@ import ml_collections
 import numpy as np
 
 from jasr.augment import AudioAugment
-from jasr.data import BatchConfig, DataError, Utterance, check_utterances, make_loader, read_manifest
+from jasr.data import BatchConfig, DataError, make_loader
 from jasr.demo_data import DemoCorpusConfig, make_demo_corpus
 from jasr.features import FeatureConfig, feature_dim
+from jasr.manifests import Utterance, check_utterances, read_manifest
 from jasr.tasks import family
 from jasr.tokenizers import CharTokenizer, load_tokenizer
 
@@ -168,7 +169,7 @@ def check_bad_fraction(split: str, bad: list[dict], total: int, max_fraction: fl
 
 def checked_split(cfg: ml_collections.ConfigDict, manifests: dict, name: str, *, allow_missing_transcripts: bool,
                   skipped: list[dict], totals: dict) -> list[Utterance]:
-    """load_split + the header check of every file (jasr.data.check_utterances): the usable utterances; a record
+    """load_split + the header check of every file (jasr.manifests.check_utterances): the usable utterances; a record
     per skipped one is appended to `skipped`; DataError past data.max_bad_fraction."""
     no_header: list[dict] = []
     utts = load_split(cfg, manifests, name, allow_missing_transcripts=allow_missing_transcripts, bad=no_header)

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 import tiktoken
 
-from jasr.data import read_manifest
+from jasr.manifests import read_manifest
 
 __all__ = ["TokenizerError", "CharTokenizer", "SentencePieceTokenizer", "WhisperTokenizer", "load_tokenizer",
            "normalize_whitespace", "WHISPER_LANGUAGES"]
@@ -149,7 +149,7 @@ class SentencePieceTokenizer:
 
     @classmethod
     def train_from_manifest(cls, manifest_path: str | os.PathLike, vocab_size: int, **kwargs):
-        """Trains on the `text` fields of a JSONL manifest (see jasr.data.read_manifest)."""
+        """Trains on the `text` fields of a JSONL manifest (see jasr.manifests.read_manifest)."""
         return cls.train([u.text for u in read_manifest(manifest_path, check_audio=False)], vocab_size, **kwargs)
 
     @property

@@ -26,8 +26,8 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from jasr import metrics as metrics_lib
 from jasr.checkpoint import Checkpointer
 from jasr.config import ConfigError, load_saved_config, save_config, validate_config
-from jasr.data import Utterance, check_utterances
 from jasr.logs import SkipLog, TrainLogger
+from jasr.manifests import Utterance, check_utterances
 from jasr.optim import make_optimizer_from_config
 from jasr.run_data import (RunData, check_bad_fraction, device_inputs, dummy_batch, feature_config,
                            make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
@@ -405,7 +405,7 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
 def evaluate_utterances(run: RunInfo, utts: list[Utterance], *, bad: list[dict] = ()) -> tuple[dict, list[dict]]:
     """Greedy transcripts of `utts` with a loaded run, in batches of the run's training shapes; WER/CER against
     the utterances that have a transcript (see :func:`evaluate`). Each file's header is checked first
-    (jasr.data.check_utterances): a file that fails that check or fails to decode, and each record of `bad`
+    (jasr.manifests.check_utterances): a file that fails that check or fails to decode, and each record of `bad`
     (``{"id", "reason"}``, e.g. from read_manifest's `bad`), gets a result ``{"id", "ref", "error"}`` and counts
     in `failed`; the others are decoded and scored."""
     texts = reference_texts(utts)

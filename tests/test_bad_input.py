@@ -14,8 +14,8 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jasr.audio import AudioError, audio_info, check_audio, load_audio
-from jasr.data import (BatchConfig, DataError, ManifestError, Utterance, check_utterances, make_loader,
-                       read_manifest)
+from jasr.data import BatchConfig, DataError, make_loader
+from jasr.manifests import ManifestError, Utterance, check_utterances, read_manifest
 from jasr.features import FeatureConfig
 from jasr.logs import SkipLog, read_jsonl
 from jasr.tokenizers import CharTokenizer

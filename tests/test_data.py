@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from jasr.audio import load_audio
 from jasr.augment import AudioAugment
-from jasr.data import BatchConfig, ManifestError, make_loader, plan_epoch, read_folder, read_manifest, write_manifest
+from jasr.data import BatchConfig, make_loader, plan_epoch
+from jasr.manifests import ManifestError, read_folder, read_manifest, write_manifest
 from jasr.features import FeatureConfig, compute_features, num_frames
 from jasr.tokenizers import CharTokenizer
 

@@ -212,7 +212,7 @@ def test_cmvn(tmp_path, speech16k, speech_lj):
     file_stats = compute_cmvn_stats([LIBRI[1]["path"], LJ[1]["path"]], cfg)
     np.testing.assert_allclose(file_stats.mean, stats.mean, rtol=1e-6)
     manifest = os.path.join(DATA, "librivox_sense_sensibility", "manifest.jsonl")
-    from jasr.data import read_manifest
+    from jasr.manifests import read_manifest
     all_feats = [fbank(load_audio(u.audio_path), 16000, 40) for u in read_manifest(manifest)]
     m_stats = compute_cmvn_stats(manifest, cfg)
     np.testing.assert_allclose(m_stats.mean, np.concatenate(all_feats).astype(np.float64).mean(0), rtol=1e-6)
