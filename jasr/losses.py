@@ -68,11 +68,19 @@ def weighted_ctc_loss(logits, logit_paddings, labels, label_paddings, row_weight
     """CTC summed over a batch whose rows carry weights (0 for the loader's padding rows).
 
     logits [B, T, K] (any float dtype; the loss runs in float32), paddings as :func:`ctc_loss`, row_weights [B].
-    Returns (sum_b w_b * nll_b, sum_b w_b * label_count_b): the training loss is their ratio (per label token).
+    Rows of weight 0 never contribute, whatever their loss. A row whose label cannot align with its frames (an
+    infinite NLL: more tokens plus repeats than frames) is left out of both sums and flagged, so that one such row
+    does not make the whole batch's loss infinite; a NaN (from NaN inputs) stays NaN.
+    Returns (sum_b w_b * nll_b, sum_b w_b * label_count_b, infeasible [B] float32: 1.0 for the rows left out);
+    the training loss is the ratio of the first two (per label token).
     """
     per_utt = ctc_loss(logits.astype(jnp.float32), logit_paddings, labels, label_paddings, blank_id)
-    tokens = jnp.sum((1.0 - label_paddings) * row_weights[:, None])
-    return jnp.sum(per_utt * row_weights), tokens
+    used = row_weights > 0
+    infeasible = used & jnp.isposinf(per_utt)
+    weights = jnp.where(infeasible, 0.0, row_weights)
+    loss_sum = jnp.sum(jnp.where(used & ~infeasible, per_utt * weights, 0.0))
+    tokens = jnp.sum((1.0 - label_paddings) * weights[:, None])
+    return loss_sum, tokens, infeasible.astype(jnp.float32)
 
 
 def wav2vec2_ctc_loss(logits, logit_paddings, labels, label_paddings=None, *, blank_id: int = 0,
@@ -136,8 +144,9 @@ def joint_ctc_attention_loss(att_logits, ctc_logits, ctc_paddings, targets, targ
     ``L_att`` is :func:`label_smoothed_kl` and ``L_ctc`` the CTC NLL, both summed over rows (weighted by
     ``row_weights`` [B], default 1) and divided according to ``normalize``: 'batch' (the summed row weights),
     'tokens' (the weighted number of targets, eos included) or 'none' (sums).
-    Returns (loss, aux) with aux ``att_loss``, ``ctc_loss`` (when ctc_weight > 0; same normalisation),
-    ``att_accuracy`` and ``num_tokens`` (weighted targets).
+    Returns (loss, aux) with aux ``att_loss``, ``ctc_loss`` (when ctc_weight > 0; same normalisation; rows whose
+    labels cannot align with their frames are left out of it and flagged in ``infeasible_rows`` [B], see
+    :func:`weighted_ctc_loss`), ``att_accuracy`` and ``num_tokens`` (weighted targets).
     """
     if normalize not in ("batch", "tokens", "none"):
         raise ValueError(f"normalize must be 'batch', 'tokens' or 'none', got {normalize!r}")
@@ -153,6 +162,7 @@ def joint_ctc_attention_loss(att_logits, ctc_logits, ctc_paddings, targets, targ
            "num_tokens": num_tokens}
     if ctc_weight <= 0.0:
         return att, aux
-    ctc_sum, _ = weighted_ctc_loss(ctc_logits, ctc_paddings, labels, label_paddings, rows, blank_id)
+    ctc_sum, _, aux["infeasible_rows"] = weighted_ctc_loss(ctc_logits, ctc_paddings, labels, label_paddings, rows,
+                                                           blank_id)
     aux["ctc_loss"] = ctc_sum / denom
     return ctc_weight * aux["ctc_loss"] + (1.0 - ctc_weight) * att, aux
