@@ -38,6 +38,12 @@ How it is computed (probability semiring; log-domain results):
 
 Conventions: ``logit_paddings`` / ``label_paddings`` are optax-style (1.0 = padded, 0.0 = valid).
 Padded frames may sit anywhere (they are skipped, as in optax); labels must be right-padded.
+
+Non-finite inputs: a NaN or +inf logit (or log-prob) anywhere in a valid frame of a row, in any
+class, makes that row's loss NaN (and its gradient NaN on its valid frames, or 0 when the row's
+cotangent is 0: masked out with ``jnp.where(jnp.isnan(loss), 0, loss)``), never a finite value;
+the check is read off a per-frame sum that the normaliser computes anyway (`CtcLattice.bad_input`).
+-inf entries are probabilities 0, and padded frames may hold anything.
 """
 from __future__ import annotations
 
@@ -128,7 +134,9 @@ def check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id: i
 # Forward-backward and occupancies
 # --------------------------------------------------------------------------------------------
 def _needs_log_recursion(lat: CtcLattice, log_z):
-    """[B] bool: the scaled recursion lost mass (alpha/beta totals disagree or vanished)."""
+    """[B] bool: the scaled recursion lost mass (alpha/beta totals disagree or vanished); never for
+    rows whose loss is NaN anyway (`CtcLattice.nan_rows`), so that one bad row does not send the
+    whole batch to the log recursion."""
     batch = lat.shape[0]
     forward, backward = log_z[:batch], log_z[batch:]
     both_finite = jnp.isfinite(forward) & jnp.isfinite(backward)
@@ -136,7 +144,7 @@ def _needs_log_recursion(lat: CtcLattice, log_z):
     tol = _AUTO_ABS_TOL + _AUTO_REL_TOL * jnp.abs(jnp.where(both_finite, forward, 0.0))
     disagree = (jnp.isfinite(forward) != jnp.isfinite(backward)) | (gap > tol)
     vanished = lat.feasible & ~both_finite
-    return disagree | vanished
+    return (disagree | vanished) & ~lat.nan_rows
 
 
 def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
@@ -145,7 +153,8 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
 
     Returns (lattice, tables, log_z [B], used_log []): tables are method-specific (the module
     docstrings of `fsa_ops.ctc_log` and `fsa_ops.ctc_scaled` say what they hold) and meant for
-    `ctc_occupancy`; log_z is the total log-likelihood (-inf when no alignment fits). With
+    `ctc_occupancy`; log_z is the total log-likelihood (-inf when no alignment fits, NaN when a
+    valid frame holds a NaN or +inf or a valid label is invalid: `CtcLattice.nan_rows`). With
     method='auto', used_log says that the
     scaled run lost mass: log_z then comes from the log recursion, the tables stay those of the
     scaled run and `ctc_occupancy` recomputes them (so only [B] values, not tables, pass through
@@ -157,34 +166,43 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
     lat = CtcLattice.build(logits, logit_paddings, labels, label_paddings, blank_id)
     batch = lat.shape[0]
     if method == "log":
-        lat = lat.with_log_norm(log_normaliser(logits, log_probs))
+        lat = lat.with_log_norm(*log_normaliser(logits, log_probs))
         tables, log_z = run_log(lat, lat.emissions(logits), store_tables)
         used_log = jnp.array(True)
     else:
-        tables, log_z, log_norm = run_scaled(lat, logits, log_probs, store_tables,
-                                             mark_flushed=method == "auto")
-        lat = lat.with_log_norm(log_norm)
+        tables, log_z, log_norm, bad_frames = run_scaled(lat, logits, log_probs, store_tables,
+                                                         mark_flushed=method == "auto")
+        lat = lat.with_log_norm(log_norm, bad_frames)
         used_log = jnp.array(False)
         if method == "auto":   # (the fallback needs only log_z; ctc_occupancy recomputes tables)
             used_log = jnp.any(_needs_log_recursion(lat, log_z))
             log_z = jax.lax.cond(used_log, lambda: run_log(lat, lat.emissions(logits), store=False)[1],
                                  lambda: log_z)
     log_z = jnp.where(lat.feasible, log_z[:batch], -jnp.inf)
+    log_z = jnp.where(lat.nan_rows, jnp.nan, log_z)
     return lat, tables, log_z, used_log
 
 
 def ctc_occupancy(lat: CtcLattice, logits, tables, log_z, used_log, method: str = "log"):
     """State occupancies gamma [B, T, S] = P(the path is in state s at frame t): 0 on padded frames,
-    padding states and sequences with log_z = -inf. `tables`, `log_z`, `used_log` as returned by
+    padding states and sequences with log_z = -inf; NaN on the valid frames of rows whose loss is
+    NaN (`CtcLattice.nan_rows`). `tables`, `log_z`, `used_log` as returned by
     `ctc_forward_backward` with the same `method` (and `logits`, read only when 'auto' fell back).
 
     gamma[t] = alpha[t] * beta_excl[t] / Z, with the tables' scales put back from their running sums
     and the result renormalised over s within each frame (where it sums to 1), so that the
     rounding of the long running sums cancels: float32 precision for any T.
     """
-    return _by_method(lat, logits, tables, used_log, method,
-                      lambda log_tables: log_occupancy(lat, log_tables, log_z),
-                      lambda scaled_tables: scaled_occupancy(lat, scaled_tables, log_z))
+    occupancy = _by_method(lat, logits, tables, used_log, method,
+                           lambda log_tables: log_occupancy(lat, log_tables, log_z),
+                           lambda scaled_tables: scaled_occupancy(lat, scaled_tables, log_z))
+    return jnp.where(_nan_frames(lat)[:, :, None], jnp.nan, occupancy)
+
+
+def _nan_frames(lat: CtcLattice):
+    """[B, T] bool: the valid frames of the rows whose loss is NaN (their occupancies are NaN
+    there, and so is their gradient unless their cotangent is 0)."""
+    return lat.nan_rows[:, None] & lat.frame_valid
 
 
 def _occupancy_parts(lat: CtcLattice, logits, tables, log_z, used_log, method: str):
@@ -217,7 +235,7 @@ def _parts_of_normalised(occupancy):
 # --------------------------------------------------------------------------------------------
 def _nll_from(lat: CtcLattice, log_z):
     nll = jnp.where(jnp.isfinite(log_z), -log_z, jnp.inf)
-    return jnp.where(lat.bad_labels, jnp.nan, nll)
+    return jnp.where(lat.nan_rows, jnp.nan, nll)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -240,12 +258,17 @@ def _ctc_nll_bwd(blank_id, log_probs, method, residuals, upstream):
     scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None]       # [B, 1]
     # d nll / d logits = softmax * g - g * occupancy summed onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
-    # to their ids (repeated ids add up). With log_probs the softmax term is absent.
+    # to their ids (repeated ids add up). With log_probs the softmax term is absent. The valid
+    # frames of rows whose loss is NaN are set in the same elementwise pass: NaN, or 0 where the
+    # row's cotangent is 0 (a row masked out of the loss; its label occupancies are 0, so the
+    # scatter adds nothing to them).
     is_blank = (jnp.arange(classes) == blank_id)[None, None, :]
     grad = jnp.where(is_blank, (-scale * blank_occ)[:, :, None], 0.0)
     if not log_probs:
         probs = jnp.exp(logits.astype(jnp.float32) - lat.log_norm[:, :, None])
         grad = grad + jnp.where(lat.frame_valid[:, :, None], probs * scale[:, :, None], 0.0)
+    fill = jnp.where(upstream != 0, jnp.nan, 0.0)[:, None, None]
+    grad = jnp.where(_nan_frames(lat)[:, :, None], fill, grad)
     if lat.shape[3] > 1:   # any label positions
         ids = jnp.clip(lat.ext[:, 1::2], 0, classes - 1)                          # [B, N]
         label_occ = jnp.transpose(label_occ * -scale[:, :, None], (0, 2, 1))          # [B, N, T]
@@ -273,8 +296,11 @@ def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *
     logits [B, T, K] (any float dtype; accumulation in float32, gradient in the input dtype),
     logit_paddings [B, T] (1.0 = padded frame, skipped wherever it is), labels [B, N] int,
     label_paddings [B, N] (right-padded). log_probs=True: logits are already log-normalised.
-    Returns +inf for a sequence that no alignment fits (its gradient is 0), NaN for a row whose
-    valid labels are out of [0, K) or equal to blank_id (an error instead on concrete inputs).
+    Returns +inf for a sequence that no alignment fits (its gradient is 0), and NaN (its gradient
+    NaN on its valid frames, other rows unaffected; 0 if the row's cotangent is 0, so that
+    ``jnp.where(jnp.isnan(loss), 0.0, loss)`` skips it) for a row with a NaN or +inf logit anywhere in
+    a valid frame (-inf is a legitimate probability 0; padded frames may hold anything) or whose
+    valid labels are out of [0, K) or equal to blank_id (an error instead on concrete labels).
     method: 'auto' | 'scaled' | 'log' (see the module docstring), or None for `default_method(K)`.
     """
     check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id)

@@ -20,15 +20,27 @@ import jax.numpy as jnp
 
 from fsa_ops.scores import shift_states
 
-__all__ = ["CtcLattice", "log_normaliser", "row_sum", "usable_inverse", "normalise_over_states"]
+__all__ = ["CtcLattice", "log_normaliser", "nonfinite_frames", "row_sum", "usable_inverse",
+           "normalise_over_states"]
 
 
 def log_normaliser(logits, log_probs: bool):
-    """[B, T] logsumexp of each frame's logits (0 with log_probs; 0 for frames without mass)."""
+    """(log_norm [B, T], bad [B, T]): the logsumexp of each frame's logits (0 with log_probs; 0 for
+    frames without mass) and `nonfinite_frames` of the frames (from the logsumexp, or with log_probs
+    from a plain sum over the classes)."""
+    x = logits.astype(jnp.float32)
     if log_probs:
-        return jnp.zeros(logits.shape[:2], jnp.float32)
-    log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-    return jnp.where(jnp.isfinite(log_norm), log_norm, 0.0)
+        return jnp.zeros(logits.shape[:2], jnp.float32), nonfinite_frames(jnp.sum(x, axis=-1))
+    log_norm = jax.nn.logsumexp(x, axis=-1)
+    return jnp.where(jnp.isfinite(log_norm), log_norm, 0.0), nonfinite_frames(log_norm)
+
+
+def nonfinite_frames(frame_sum):
+    """[B, T] bool: the frames that hold a NaN or +inf in some class, read off a per-frame sum over
+    the classes that is NaN or +inf exactly then (a sum, a logsumexp, a sum of exp(x - max));
+    -inf entries (probability 0) are legitimate. A sum, not a max: XLA's CPU max reduction does
+    not propagate NaN."""
+    return ~(frame_sum < jnp.inf)
 
 
 def row_sum(x, weights=None):
@@ -55,11 +67,12 @@ class CtcLattice:
     """Static-shape CTC lattice of a padded batch (a pytree, so the backward pass reuses it).
 
     shape = (B, T, K, S); frame_valid [B, T], ext [B, S], state_valid [B, S], feasible [B],
-    bad_labels [B], log_norm [B, T] (logsumexp of the logits; 0 with log_probs); per-row masks
-    skip, start, final [R, S] in recursion coordinates (backward rows state-reversed).
+    bad_labels [B], log_norm [B, T] (logsumexp of the logits; 0 with log_probs), bad_input [B] (a
+    valid frame holds a NaN or +inf); per-row masks skip, start, final [R, S] in recursion
+    coordinates (backward rows state-reversed).
     """
     _FIELDS = ("frame_valid", "ext", "state_valid", "skip", "start", "final", "feasible", "bad_labels",
-               "log_norm")
+               "log_norm", "bad_input")
 
     def __init__(self, shape, **fields):
         self.shape = shape
@@ -75,8 +88,8 @@ class CtcLattice:
 
     @classmethod
     def build(cls, logits, logit_paddings, labels, label_paddings, blank_id):
-        """The lattice without log_norm (None until `with_log_norm`: each recursion computes it
-        its own way)."""
+        """The lattice without log_norm and bad_input (None until `with_log_norm`: each recursion
+        computes them its own way)."""
         batch, frames, classes = logits.shape
         max_labels = labels.shape[1]
         states = 2 * max_labels + 1
@@ -112,13 +125,21 @@ class CtcLattice:
         valid_labels = positions < label_lengths[:, None]
         fields["bad_labels"] = jnp.any(valid_labels & ((labels < 0) | (labels >= classes) | (labels == blank_id)),
                                        axis=1)
-        fields["log_norm"] = None
+        fields["log_norm"] = fields["bad_input"] = None
         return cls((batch, frames, classes, states), **fields)
 
-    def with_log_norm(self, log_norm):
+    def with_log_norm(self, log_norm, bad_frames):
+        """The lattice with log_norm [B, T] and bad_input = any valid frame of bad_frames [B, T]
+        (`nonfinite_frames`)."""
         fields = {name: getattr(self, name) for name in self._FIELDS}
         fields["log_norm"] = log_norm
+        fields["bad_input"] = jnp.any(bad_frames & self.frame_valid, axis=1)
         return CtcLattice(self.shape, **fields)
+
+    @property
+    def nan_rows(self):
+        """[B] bool: rows whose loss is NaN (invalid labels or a NaN/+inf in a valid frame)."""
+        return self.bad_labels | self.bad_input
 
     def emissions(self, logits):
         """lp [B, T, S] = log p(ext[b, s] | frame t) in float32 (-inf on padding states): a row-wise

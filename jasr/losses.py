@@ -40,7 +40,12 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
         with 'log' when it lost mass); see ``fsa_ops.ctc``.
 
     Returns:
-      Per-sequence loss [B] (float32) or its reduction.
+      Per-sequence loss [B] (float32) or its reduction. A row with a NaN or +inf in any class of a
+      valid frame gets loss NaN (as optax and torch through their log-softmax; never a finite
+      value) and a NaN gradient on its valid frames, leaving the other rows untouched; ``-inf``
+      entries are probabilities 0, and padded frames may hold anything. To skip such rows, mask
+      the per-row loss (``jnp.where(jnp.isnan(loss), 0.0, loss)``): a row whose cotangent is 0
+      gets gradient 0.
 
     Differences from the references: optax returns a large finite value (~1e5, from its
     log_epsilon) for an infeasible sequence; we return +inf (or 0 with ``zero_infinity``), as torch
