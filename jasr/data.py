@@ -93,8 +93,10 @@ class BatchConfig:
     frame_pad_multiple / label_pad_multiple: T and N are rounded up to these.
     label_bucket_boundaries: None gives one label length N per duration bucket (its longest label); a tuple of
       lengths pads each batch's labels to the smallest boundary that fits (more shapes, less padding).
-    subsampling: the model's frame rate reduction; a label must have at most (frames // subsampling) tokens,
-      else make_loader raises (or drops with drop_unfit).
+    subsampling: the model's frame rate reduction; a label must have at most (frames // subsampling) tokens
+      (or as many as make_loader's `output_frames` gives), else make_loader raises (or drops with drop_unfit).
+    ctc_alignment: labels are CTC targets: each pair of equal adjacent tokens needs one more frame (a blank
+      between them), so a label needs tokens + repeats frames.
     output: "features" (host features) or "audio" (raw waveforms `audio [B, S]`, `audio_paddings [B, S]`, for
       features computed on device with jasr.features.compute_features_jax).
     A bucket whose padded length T exceeds max_frames (a batch of one utterance would be bigger than the budget)
@@ -117,6 +119,7 @@ class BatchConfig:
     batch_pad_multiple: int = 1
     max_batch_size: int | None = None
     subsampling: int = 1
+    ctc_alignment: bool = False
     drop_too_long: bool = False
     drop_unfit: bool = False
     output: str = "features"
@@ -157,6 +160,20 @@ def _frames_for(duration: float, feature_config: FeatureConfig, *, upper: bool =
     sr = feature_config.sample_rate
     samples = math.ceil((duration + _SLACK_S) * sr) if upper else max(math.floor((duration - _SLACK_S) * sr), 0)
     return num_frames(samples, feature_config)
+
+
+def _output_frames(duration: float, fc: FeatureConfig, bc: BatchConfig, output_frames) -> int:
+    """The model's output frames for (a lower bound of) `duration` seconds of audio."""
+    if output_frames is not None:
+        n = output_frames(max(math.floor((duration - _SLACK_S) * fc.sample_rate), 0))
+        if n is not None:
+            return int(n)
+    return _frames_for(duration, fc, upper=False) // bc.subsampling
+
+
+def _repeats(label: Sequence[int]) -> int:
+    """Adjacent equal tokens: each needs a blank frame between them in a CTC alignment."""
+    return int(sum(a == b for a, b in zip(label[:-1], label[1:])))
 
 
 def _bucket_lengths(edge: float, fc: FeatureConfig, bc: BatchConfig) -> tuple[int, int]:
@@ -361,7 +378,8 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
                 shard_index: int = 0, shard_count: int = 1, shard_options: grain.ShardOptions | None = None,
                 augment: Callable[[np.ndarray, int, np.random.Generator], np.ndarray] | None = None,
                 label_fn: Callable[[str], Sequence[int]] | None = None,
-                cmvn: CmvnStats | None = None) -> AsrLoader:
+                cmvn: CmvnStats | None = None,
+                output_frames: Callable[[int], int | None] | None = None) -> AsrLoader:
     """Builds the grain input pipeline. Batches are dicts of numpy arrays:
 
       features [B, T, F] float32, feature_paddings [B, T] (or audio [B, S], audio_paddings [B, S]),
@@ -373,7 +391,9 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
 
     (B, T, N) is one of `loader.bucket_shapes`. Each epoch yields every utterance exactly once (across all shards).
     `augment(audio, sample_rate, rng)` (e.g. jasr.augment.AudioAugment) runs host-side with a per-batch
-    deterministic rng; `label_fn(text)` overrides `tokenizer.encode`. Multi-host: pass
+    deterministic rng; `label_fn(text)` overrides `tokenizer.encode`; `output_frames(samples)` is the model's
+    number of output frames for that many audio samples (exact, e.g. after its convolutional subsampling; default
+    feature frames // subsampling): labels must fit it (see BatchConfig.ctc_alignment). Multi-host: pass
     shard_index=jax.process_index(), shard_count=jax.process_count(), or shard_options=grain.ShardByJaxProcess()
     (a grain ShardOptions; its drop_remainder is irrelevant: epochs are padded to a multiple of shard_count).
     """
@@ -443,18 +463,22 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
         for i in np.flatnonzero(too_long):
             leave_out(i, "too_long", f"{longest[i]:.3f} s is longer than the last bucket edge {edges[-1]} s "
                                      f"(drop_too_long)")
-    # labels must fit the frames (after subsampling) of the shortest version of the audio
-    fit_frames = np.array([_frames_for(d, fc, upper=False) for d in shortest]) // bc.subsampling
+    # labels must fit the model's output frames of the shortest version of the audio (CTC: repeats need a blank)
+    fit_frames = np.array([_output_frames(d, fc, bc, output_frames) for d in shortest])
     lab_len = np.array([len(l) for l in labels])
-    unfit = keep & (lab_len > fit_frames)
+    repeats = np.array([_repeats(l) if bc.ctc_alignment else 0 for l in labels])
+    unfit = keep & (lab_len + repeats > fit_frames)
     if unfit.any():
-        bad = [f"{utterances[i].id} ({lab_len[i]} tokens > {fit_frames[i]} frames)" for i in np.flatnonzero(unfit)]
+        def why(i):
+            need = f"{lab_len[i]} tokens" + (f" + {repeats[i]} repeats" if repeats[i] else "")
+            return f"{need} > {fit_frames[i]} model frames"
+        bad = [f"{utterances[i].id} ({why(i)})" for i in np.flatnonzero(unfit)]
         if not (bc.drop_unfit or bc.keep_unscorable):
-            raise ValueError(f"{len(bad)} labels are longer than the frames they must fit (subsampling "
-                             f"{bc.subsampling}): {bad[:3]}; set drop_unfit to leave them out")
+            raise ValueError(f"{len(bad)} labels are longer than the model's output frames they must align with "
+                             f"(subsampling {bc.subsampling}): {bad[:3]}; set drop_unfit to leave them out")
         for i in np.flatnonzero(unfit):
-            leave_out(i, "unfit", f"label of {lab_len[i]} tokens cannot fit {fit_frames[i]} frames (subsampling "
-                         f"{bc.subsampling}){'' if bc.keep_unscorable else ' (drop_unfit)'}",
+            leave_out(i, "unfit", f"label of {why(i)} cannot align (subsampling {bc.subsampling})"
+                                  f"{'' if bc.keep_unscorable else ' (drop_unfit)'}",
                       placeholder=bc.keep_unscorable)
         lab_len = np.array([len(l) for l in labels])
     # a bucket whose padded length exceeds max_frames would make batches of one bigger than max_frames

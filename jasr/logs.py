@@ -150,9 +150,10 @@ class SkipLog:
 
     action: "skipped" (bad input: unreadable/truncated/non-finite audio, a transcript the tokenizer cannot encode),
     "dropped" (by config: drop_unfit, drop_too_long) or "no_loss" (kept in evaluation with a placeholder label, so
-    outside the dev loss but scored). A (re)started run rewrites the records found before its first step (step 0);
-    those found while training (a file that fails on first read at step s) are kept up to the step it resumes from,
-    as in metrics.jsonl.
+    outside the dev loss but scored; or, in training, a row the CTC loss left out at some step because its label
+    cannot align with the model's frames: cause "infeasible"). A (re)started run rewrites the records found before
+    its first step (step 0); those found while training (a file that fails on first read at step s) are kept up to
+    the step it resumes from, as in metrics.jsonl.
     """
 
     def __init__(self, workdir: str, start_step: int = 0, echo=print):

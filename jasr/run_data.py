@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -30,7 +31,7 @@ from jasr.data import BatchConfig, DataError, make_loader
 from jasr.demo_data import DemoCorpusConfig, make_demo_corpus
 from jasr.features import FeatureConfig, feature_dim
 from jasr.manifests import Utterance, check_utterances, read_manifest
-from jasr.tasks import family
+from jasr.tasks import Task, family
 from jasr.tokenizers import CharTokenizer, load_tokenizer
 
 NO_TRANSCRIPT = "<no transcript>"
@@ -153,6 +154,7 @@ def batch_config(cfg: ml_collections.ConfigDict) -> BatchConfig:
                        bucket_boundaries=tuple(d.bucket_boundaries) or None, num_buckets=d.num_buckets,
                        label_pad_multiple=d.label_pad_multiple, max_batch_size=d.max_batch_size or None,
                        subsampling=family(cfg.model.name).subsampling(cfg),
+                       ctc_alignment=cfg.loss.type in ("ctc", "joint"),
                        drop_unfit=d.drop_unfit, drop_too_long=d.drop_too_long,
                        output="audio" if raw_audio_batches(cfg) else "features")
 
@@ -207,17 +209,18 @@ def audio_augment(d: ml_collections.ConfigDict) -> AudioAugment | None:
                         noise_snr_db=tuple(d.noise_snr_db) or None, noise_prob=d.noise_prob)
 
 
-def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData):
+def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData, task: Task | None = None):
     """Endless shuffled bucketed batches of the train split, with the config's augmentation. Transcripts the
     tokenizer cannot encode are left out (``loader.skipped``, cause "unencodable"); a file that fails to decode
-    becomes a padding row named in the batch's ``errors``."""
+    becomes a padding row named in the batch's ``errors``. Labels must fit `task`'s real output frames."""
     bc = dataclasses.replace(data.batch_config, skip_unencodable=True, skip_bad_audio=True)
     return make_loader(data.train, data.tokenizer, data.feature_config, bc, seed=cfg.data.shuffle_seed,
                        shuffle=True, num_epochs=None, worker_count=cfg.data.num_workers, label_fn=data.label_fn,
-                       augment=audio_augment(cfg.data))
+                       augment=audio_augment(cfg.data), output_frames=_output_frames(task, data.feature_config))
 
 
-def make_eval_loader(cfg: ml_collections.ConfigDict, utts: list[Utterance], tokenizer, *, edges=None):
+def make_eval_loader(cfg: ml_collections.ConfigDict, utts: list[Utterance], tokenizer, *, edges=None,
+                     task: Task | None = None):
     """One ordered pass over `utts` that leaves none out. With `edges` (the training buckets' upper durations)
     batches get the training shapes, so the evaluation reuses compiled programs; longer utterances get one more
     bucket (batches of one where that exceeds data.max_frames). A transcript that cannot be a label (characters
@@ -229,8 +232,14 @@ def make_eval_loader(cfg: ml_collections.ConfigDict, utts: list[Utterance], toke
         boundaries = tuple(edges) + ((math.ceil(longest * 10) / 10 + 0.1,) if longest > edges[-1] else ())
     bc = dataclasses.replace(batch_config(cfg), drop_unfit=False, drop_too_long=False, bucket_boundaries=boundaries,
                              keep_unscorable=True, skip_bad_audio=True, allow_oversize=True)
-    return make_loader(utts, tokenizer, feature_config(cfg), bc, shuffle=False, num_epochs=1,
-                       worker_count=cfg.data.num_workers, label_fn=label_fn(cfg, tokenizer))
+    fc = feature_config(cfg)
+    return make_loader(utts, tokenizer, fc, bc, shuffle=False, num_epochs=1, worker_count=cfg.data.num_workers,
+                       label_fn=label_fn(cfg, tokenizer), output_frames=_output_frames(task, fc))
+
+
+def _output_frames(task: Task | None, fc: FeatureConfig):
+    """samples -> the task's network output frames (for the loader's label-fit check), or None."""
+    return None if task is None else functools.partial(task.output_frames, fc=fc)
 
 
 _DEVICE_KEYS = ("features", "feature_paddings", "audio", "audio_paddings", "labels", "label_paddings")

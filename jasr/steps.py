@@ -57,7 +57,9 @@ def all_finite(tree) -> jax.Array:
 def train_step(state: TrainState, batch: dict, key: jax.Array, *, task: Task,
                tx: optax.GradientTransformation) -> tuple[TrainState, dict]:
     """One micro-batch: loss, gradients, (accumulated) optimiser update unless anything is non-finite.
-    Metrics: loss (NaN when skipped), grad_norm, skipped, tokens, param_norm and the task's logged aux values."""
+    Metrics: loss (NaN when skipped), grad_norm, skipped, tokens, param_norm, the task's logged aux values, and
+    ``infeasible_rows`` [B] (1.0 for a row the CTC loss left out because its labels cannot align with its frames;
+    per row, so the loop can name the utterances: not to be summed across steps of different batch shapes)."""
     batch = {**batch, "step": state.step}
 
     def loss_fn(params):
@@ -81,6 +83,7 @@ def train_step(state: TrainState, batch: dict, key: jax.Array, *, task: Task,
            "skipped": 1.0 - ok.astype(jnp.float32), "tokens": weight,
            "param_norm": optax.tree.norm(new_state.params)}
     out.update({k: aux[k] for k in task.logged_aux if k in aux})
+    out["infeasible_rows"] = aux.get("infeasible_rows", jnp.zeros_like(batch["row_weights"]))
     return new_state, out
 
 

@@ -68,7 +68,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     data = prepare_data(cfg, workdir, root)
     hf_dir = init_source(cfg, workdir, root)
     task = build_task(cfg, data.tokenizer.vocab_size, data.feature_config, tokenizer=data.tokenizer, hf_dir=hf_dir)
-    train_loader = make_train_loader(cfg, data)
+    train_loader = make_train_loader(cfg, data, task)
     tx, schedule = make_optimizer_from_config(cfg.optim, t.num_steps, frozen=task.frozen)
     init_batch = dummy_batch(train_loader.bucket_shapes[0], data.feature_config, raw_audio_batches(cfg))
     init_fn = jax.jit(functools.partial(create_train_state, task=task, tx=tx))
@@ -76,7 +76,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     abstract = jax.eval_shape(init_fn, init_key, batch=init_batch)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
     edges = [float(b.max_duration) for b in train_loader.buckets]
-    dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, edges=edges) if data.dev else None
+    dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, edges=edges, task=task) if data.dev else None
     print(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
           f"{train_loader.num_utterances} train / {dev_loader.num_utterances if dev_loader else 0} dev utterances"
           f"{_left_out_note(data, train_loader)}; batch shapes {train_loader.bucket_shapes}", flush=True)
@@ -124,6 +124,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     logger.log_data(start, _log_left_out(skips, data, train_loader, dev_loader, logger.write,
                                          cfg.data.max_bad_fraction))
     acc, n_acc = None, 0
+    infeasible = []      # (step, batch ids, per-row flags on device) until the next log line reads them
     step = start
     final = {}
     t0 = time.time()
@@ -136,6 +137,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
             inputs = device_inputs(batch)
             state, m = train_fn(state, inputs, step_key(state))
             step += 1
+            infeasible.append((step, batch["ids"], m.pop("infeasible_rows")))
             acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
             n_acc += 1
             logger.count(float(inputs["row_weights"].sum()), float(np.sum(batch["durations"])))
@@ -146,6 +148,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                        "lr": float(schedule(step // cfg.optim.grad_accum)),
                        "param_norm": float(host["param_norm"]) / n_acc}
                 rec.update({k: float(host[k]) / n_acc for k in task.logged_aux if k in host})
+                rec["infeasible_rows"] = _log_infeasible(skips, infeasible, data, counts, logger)
+                infeasible = []
                 final.update(logger.log_train(step, rec))
                 acc, n_acc = None, 0
             dev_metrics = None
@@ -195,6 +199,7 @@ def _counts(skips: SkipLog, data: RunData, train_loader, dev_loader) -> dict:
     return {"train_utterances": train_loader.num_utterances, "train_total": data.totals.get("train", len(data.train)),
             "skipped_utterances": skips.count("train", "skipped"),
             "dropped_utterances": skips.count("train", "dropped"),
+            "no_loss_utterances": skips.count("train", "no_loss"),
             "dev_utterances": dev_loader.num_utterances if dev_loader else 0,
             "dev_total": data.totals.get("dev", len(data.dev)),
             "dev_skipped_utterances": skips.count("dev", "skipped"),
@@ -223,6 +228,23 @@ def _log_left_out(skips: SkipLog, data: RunData, train_loader, dev_loader, write
             if line:
                 write(f"[data] {line}: scored in WER against their text, no dev loss (see skipped.jsonl)")
     return _counts(skips, data, train_loader, dev_loader)
+
+
+def _log_infeasible(skips: SkipLog, pending: list, data: RunData, counts: Callable[[], dict],
+                    logger: TrainLogger) -> int:
+    """Names the train utterances whose labels could not align with the model's frames in the `pending` steps
+    (the CTC loss left those rows out); returns how many rows were left out."""
+    audio = {u.id: u.audio_path for u in data.train}
+    n = 0
+    for step, ids, flags in pending:
+        rows = np.flatnonzero(np.asarray(jax.device_get(flags)) > 0)
+        n += len(rows)
+        recs = [{"id": str(ids[r]), "audio": audio.get(str(ids[r]), ""), "cause": "infeasible",
+                 "reason": "CTC: the label (tokens + repeats) is longer than the model's output frames; left out "
+                           "of this step's loss"} for r in rows]
+        if skips.add(step, "train", recs, "no_loss"):
+            logger.log_data(step, counts())
+    return n
 
 
 def _log_failed(skips: SkipLog, step: int, split: str, ids, errors, data: RunData, counts: Callable[[], dict],
@@ -413,7 +435,7 @@ def evaluate_utterances(run: RunInfo, utts: list[Utterance], *, bad: list[dict] 
     failed = [{"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]} for r in [*bad, *unreadable]]
     m, results = {"utterances": 0, "failed": 0}, []
     if ok:
-        loader = make_eval_loader(run.config, ok, run.tokenizer, edges=run.bucket_edges)
+        loader = make_eval_loader(run.config, ok, run.tokenizer, edges=run.bucket_edges, task=run.task)
         m, results = evaluate(run.state, eval_function(run.task), loader, run.tokenizer, texts)
     m["failed"] += len(failed)
     return m, results + failed

@@ -312,7 +312,8 @@ def test_aed_loss_padding_invariance_and_gradients(aed):
         return jax.value_and_grad(lambda q: _joint_loss(model, {"params": q}, x, pad, labels, lpad), has_aux=True)(p)
 
     (loss, aux), g = value_and_grad(nn.unbox(variables)["params"])
-    assert set(aux) == {"att_loss", "ctc_loss", "att_accuracy", "num_tokens"}
+    assert set(aux) == {"att_loss", "ctc_loss", "att_accuracy", "num_tokens", "infeasible_rows"}
+    assert not np.asarray(aux["infeasible_rows"]).any()
     # more padding (frames and labels) with garbage in it changes nothing
     x2 = np.concatenate([x, np.zeros((2, 9, x.shape[2]), np.float32)], 1)
     pad2 = np.concatenate([pad, np.ones((2, 9), np.float32)], 1)

@@ -276,7 +276,7 @@ def test_label_buckets_audio_output_and_whisper(small, tok):
 def test_loader_errors(small, tok, tmp_path):
     with pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
         make_loader(small, CharTokenizer.from_texts(["ZERO"]), FC, BC)
-    with pytest.raises(ValueError, match=r"longer than the frames they must fit"):
+    with pytest.raises(ValueError, match=r"longer than the model.s output frames they must align with"):
         make_loader(small, tok, FC, dataclass_replace(BC, subsampling=16))
     ld = make_loader(small, tok, FC, dataclass_replace(BC, subsampling=16, drop_unfit=True))
     assert ld.dropped and ld.num_utterances == len(small) - len(ld.dropped)

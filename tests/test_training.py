@@ -255,8 +255,8 @@ class _PoisonTask(Task):
     def loss(self, params, model_state, batch, key, train):
         params = jax.tree.map(lambda p: _poison_grad(p, batch["poison"]), params)
         logits, pads = self.model.apply({"params": params}, batch["features"], batch["feature_paddings"])
-        total, tokens = losses.weighted_ctc_loss(logits, pads, batch["labels"], batch["label_paddings"],
-                                                 batch["row_weights"])
+        total, tokens, _ = losses.weighted_ctc_loss(logits, pads, batch["labels"], batch["label_paddings"],
+                                                    batch["row_weights"])
         return total, (jnp.maximum(tokens, 1.0), model_state, {})
 
 

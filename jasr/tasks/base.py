@@ -172,6 +172,11 @@ class Task:
     def greedy_decode(self, params, model_state, batch: dict):
         return None
 
+    def output_frames(self, samples: int, fc: FeatureConfig) -> int | None:
+        """The network's output frames for `samples` audio samples (exact, after its subsampling), which labels
+        must fit; None: the loader's estimate (feature frames // subsampling)."""
+        return None
+
     def load_pretrained(self, directory: str, key: jax.Array) -> dict:
         """The parameter tree from a Hugging Face directory (strict about every tensor used)."""
         raise ConfigError(f"train.init_from is not supported for {self.name!r}")

@@ -10,7 +10,7 @@ import ml_collections
 
 from jasr import losses
 from jasr.decoding import ctc_greedy_decode
-from jasr.features import feature_dim
+from jasr.features import feature_dim, num_frames
 from jasr.tasks.base import Frontend, Task, model_fields_with_precision, require
 from models.aed import AEDConfig, AEDModel, greedy_search, shift_labels
 from models.conformer import ConformerConfig, ConformerCTC
@@ -27,6 +27,12 @@ class _FeatureTask(Task):
         require(cfg.data.feature in ("fbank", "mfcc", "whisper"),
                 f"config 'data.feature' must be 'fbank', 'mfcc' or 'whisper' for model {cls.name!r} (it reads "
                 f"features), got {cfg.data.feature!r}")
+
+    def encoder_config(self) -> ConformerConfig:
+        raise NotImplementedError
+
+    def output_frames(self, samples, fc):
+        return self.encoder_config().output_length(num_frames(samples, fc))
 
     def apply(self, params, model_state, *args, key=None, train: bool = False, **kw):
         """model.apply with the mutable collections of `model_state` (updated when training)."""
@@ -58,6 +64,9 @@ class ConformerCTCTask(_FeatureTask):
         mcfg = ConformerConfig(**{**model_fields_with_precision(cfg), "vocab_size": vocab_size, "input_dim": feature_dim(fc)})
         return cls(model=ConformerCTC(mcfg), frontend=Frontend.from_config(cfg, fc))
 
+    def encoder_config(self):
+        return self.model.config
+
     def init(self, key, batch):
         k1, k2 = jax.random.split(key)
         batch = self.frontend(batch, None, False)
@@ -71,9 +80,10 @@ class ConformerCTCTask(_FeatureTask):
 
     def loss(self, params, model_state, batch, key, train):
         (logits, pads), ms = self.ctc_logits(params, model_state, batch, key, train)
-        ctc_sum, tokens = losses.weighted_ctc_loss(logits, pads, batch["labels"], batch["label_paddings"],
-                                                   batch["row_weights"], self.blank_id)
-        return ctc_sum, (jnp.maximum(tokens, 1.0), ms, {"ctc": ctc_sum})
+        ctc_sum, tokens, infeasible = losses.weighted_ctc_loss(logits, pads, batch["labels"],
+                                                               batch["label_paddings"], batch["row_weights"],
+                                                               self.blank_id)
+        return ctc_sum, (jnp.maximum(tokens, 1.0), ms, {"ctc": ctc_sum, "infeasible_rows": infeasible})
 
     def greedy_decode(self, params, model_state, batch):
         (logits, pads), _ = self.ctc_logits(params, model_state, batch)
@@ -122,6 +132,9 @@ class ConformerAEDTask(_FeatureTask):
         return cls(model=AEDModel(mcfg), frontend=Frontend.from_config(cfg, fc), joint=joint,
                    ctc_weight=float(cfg.loss.ctc_weight), label_smoothing=float(cfg.loss.label_smoothing))
 
+    def encoder_config(self):
+        return self.model.config.encoder
+
     def init(self, key, batch):
         k1, k2 = jax.random.split(key)
         batch = self.frontend(batch, None, False)
@@ -140,7 +153,7 @@ class ConformerAEDTask(_FeatureTask):
             batch["label_paddings"], ctc_weight=self.ctc_weight if self.joint else 0.0,
             label_smoothing=self.label_smoothing, blank_id=self.blank_id, row_weights=batch["row_weights"],
             normalize="none")
-        logged = {"att": aux["att_loss"], **({"ctc": aux["ctc_loss"]} if "ctc_loss" in aux else {})}
+        logged = {"att": aux["att_loss"], **{k: aux[k] for k in ("ctc_loss", "infeasible_rows") if k in aux}}
         return total, (jnp.maximum(aux["num_tokens"], 1.0), ms, logged)
 
     def greedy_decode(self, params, model_state, batch):

@@ -15,7 +15,7 @@ from jasr.decoding import ctc_greedy_decode
 from jasr.errors import ConfigError
 from jasr.tasks.base import Task, model_fields_with_precision, read_hf_config, require
 from models.hf_io import load_state_dict
-from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC
+from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC, feat_extract_output_lengths
 from models.wav2vec2_hf import params_from_hf_state_dict
 from models.wav2vec2_pretrain import Wav2Vec2ForPreTraining, pretraining_loss, sample_pretraining_inputs
 
@@ -84,6 +84,9 @@ class _Wav2Vec2Task(Task):
         return nn.unbox(self.model.init({"params": k1, "dropout": k2}, audio, batch["audio_paddings"],
                                         deterministic=True))
 
+    def output_frames(self, samples, fc):
+        return int(feat_extract_output_lengths(self.model.config, samples))
+
     def load_pretrained(self, directory, key):
         """The encoder from any Wav2Vec2 checkpoint (pretraining, base or CTC); heads as the subclass says."""
         mcfg = self.model.config
@@ -138,9 +141,10 @@ class Wav2Vec2CTCTask(_Wav2Vec2Task):
 
     def loss(self, params, model_state, batch, key, train):
         logits, pads = self.ctc_logits(params, batch, key, train)
-        ctc_sum, tokens = losses.weighted_ctc_loss(logits, pads, batch["labels"], batch["label_paddings"],
-                                                   batch["row_weights"], self.blank_id)
-        return ctc_sum, (jnp.maximum(tokens, 1.0), {}, {"ctc": ctc_sum})
+        ctc_sum, tokens, infeasible = losses.weighted_ctc_loss(logits, pads, batch["labels"],
+                                                               batch["label_paddings"], batch["row_weights"],
+                                                               self.blank_id)
+        return ctc_sum, (jnp.maximum(tokens, 1.0), {}, {"ctc": ctc_sum, "infeasible_rows": infeasible})
 
     def greedy_decode(self, params, model_state, batch):
         return ctc_greedy_decode(*self.ctc_logits(params, batch), self.blank_id)
