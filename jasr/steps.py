@@ -3,8 +3,9 @@
 ``train_step(state, batch, key, *, task, tx) -> (state, metrics)`` is a pure function of pytrees (jit it with
 static `task` and `tx`):
 
-* a non-finite loss or gradient skips the update (params, optimiser state and model state keep their values),
-  ``state.skipped`` counts it and the metrics report ``skipped``;
+* a non-finite loss or gradient, or a batch without any row in the loss (all padding, e.g. every file failed to
+  load), skips the update (params, optimiser state and model state keep their values), ``state.skipped`` counts
+  it and the metrics report ``skipped``;
 * bf16 mixed precision: the model computes in its config's ``dtype``, params and optimiser stay float32, losses are
   computed from float32 logits;
 * the PRNG key of step s is ``step_key(state) = fold_in(state.rng, s)``, so a resumed run draws the same keys;
@@ -68,7 +69,9 @@ def train_step(state: TrainState, batch: dict, key: jax.Array, *, task: Task,
         return loss_sum / weight, (weight, ms, aux)
 
     (loss, (weight, new_ms, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    ok = jnp.isfinite(loss) & all_finite(grads)
+    # a batch with no row in the loss (every file failed to load) makes no update: its zero gradient would still
+    # move the weights through AdamW's momentum and weight decay
+    ok = jnp.isfinite(loss) & all_finite(grads) & (jnp.sum(batch["row_weights"]) > 0)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731

@@ -140,6 +140,19 @@ def test_non_finite_update_is_skipped(setup):
                for a, b in zip(jax.tree.leaves(good.params), jax.tree.leaves(new.params)))
 
 
+def test_a_batch_without_rows_in_the_loss_makes_no_update(setup):
+    """Every row a padding row (e.g. every file of the batch failed to load): AdamW's momentum and weight decay
+    would still move the weights, so the update is skipped."""
+    _, _, state, step = setup
+    warm, _ = step(state, _batch(), step_key(state))        # non-zero momentum
+    empty = _batch()
+    empty["row_weights"] = np.zeros_like(empty["row_weights"])
+    new, m = step(warm, empty, step_key(warm))
+    assert float(m["skipped"]) == 1.0 and int(new.skipped) == int(warm.skipped) + 1
+    for a, b in zip(jax.tree.leaves((warm.params, warm.opt_state)), jax.tree.leaves((new.params, new.opt_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_tiny_model_learns_and_padding_rows_do_not_count(setup):
     _, _, state, step = setup
     batch = _batch()
