@@ -34,7 +34,10 @@ def ctc_loss(decoding_graph, dense_fsa_vec: DenseFsaVec, output_beam: float = 10
       use_double_scores: accumulate in float64 (needs ``jax_enable_x64``; float32 otherwise).
       target_lengths: ``[S]`` label counts, required for ``reduction='mean'``.
 
-    Returns float32 loss(es); ``+inf`` for a segment that no path fits (its gradient is 0).
+    Returns float32 loss(es); ``+inf`` for a segment that no path fits (its gradient is 0), NaN for
+    a segment with a NaN or +inf log-prob in a valid frame (any symbol) or graph score (its gradient
+    NaN on its valid frames, or 0 if it is masked out of the loss, e.g. with
+    ``jnp.where(jnp.isnan(loss), 0, loss)`` on ``reduction='none'``).
     """
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")

@@ -18,6 +18,8 @@ is final; arc ``(t * K + k) * Kout + j`` is the ``j``-th arc leaving slot ``k``'
 Memory is ``O(frames x K x Kout)`` per segment: suited to CTC topologies / modest graphs; for
 HLG-size graphs with very uneven out-degrees choose ``max_active_states`` accordingly.
 The lattice's arc scores are differentiable w.r.t. the log-probs (autodiff through the scan).
+A segment with a NaN or +inf log-prob in a valid frame (or graph score) gets a lattice whose arcs
+all score NaN (as ``fsa_ops.dense.intersect_dense``), never a finite or empty lattice.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fsa_ops.dense import DenseFsaVec, prepare_dense
+from fsa_ops.dense import DenseFsaVec, bad_segments, prepare_dense
 from fsa_ops.dense_arcs import arc_layout
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
@@ -139,6 +141,9 @@ def _pruned_core(cfg: _PCfg, arcs, attrs, lp, dur):
                     jnp.where(is_final, final_id, (t4 + 1) * K + k4))
     label = jnp.where(keep, CL, jnp.where(is_final, -1, 0))
     score = jnp.where(keep, W, NEG_INF)
+    # a segment with a NaN / +inf log-prob in a valid frame or graph score: all its arcs score NaN
+    # (the search's comparisons would otherwise drop or keep them silently)
+    score = jnp.where(bad_segments(arcs, lp, dur)[None, :, None, None], jnp.nan, score)
     in_range = t4 <= d4
 
     def flat(x, fill):

@@ -21,6 +21,12 @@ structure is traced, i.e. passed as an argument of a user's ``jit`` (correct, bu
 ``O(states x arcs)`` work: close over large FSAs instead, which keeps their structure concrete).  Lattices produced by :func:`fsa_ops.dense.intersect_dense` have a frame-synchronous
 structure; their total scores are computed much faster by ``fsa_ops.dense.dense_tot_scores``.
 
+Non-finite scores: an FSA with a NaN or +inf score on a real arc gets NaN for all its scores
+(forward / backward scores of its real states, total score, arc posteriors and gradient on its
+real arcs; the gradient is 0 where the FSA's cotangent is 0, i.e. masked out), wherever the arc
+sits, instead of whatever value the recursions would make of it; the other FSAs of a batch are
+unaffected.  ``-inf`` scores are legitimate (an arc that cannot be taken).
+
 Gradients: ``get_tot_scores`` has an analytic ``custom_vjp``: the gradient w.r.t. arc scores is
 ``exp(arc_post)`` (log semiring) or the indicator of the best path (tropical, as k2's
 ``get_tot_scores_tropical_backward``).  Forward/backward scores and arc posteriors are
@@ -50,6 +56,8 @@ __all__ = [
     "best_path_arcs",
     "score_dtype",
     "safe_logsumexp",
+    "nonfinite_sum",
+    "bad_fsas",
 ]
 
 
@@ -73,6 +81,24 @@ def safe_logsumexp(x, axis=-1):
     pos = s > 0
     out = jnp.log(jnp.where(pos, s, 1.0)) + jnp.squeeze(m, axis)
     return jnp.where(pos, out, NEG_INF)
+
+
+def nonfinite_sum(x, axis):
+    """bool: whether x holds a NaN or +inf along `axis`, read off a plain sum (NaN or +inf exactly
+    then; -inf entries are legitimate scores). A sum, not a max: XLA's CPU max reduction does not
+    propagate NaN."""
+    return ~(jnp.sum(x, axis=axis) < jnp.inf)
+
+
+def bad_fsas(arcs):
+    """[B] bool: FSAs with a NaN or +inf score on a real arc (their scores are all NaN)."""
+    return nonfinite_sum(jnp.where(valid_arcs(arcs), arcs.score, 0.0), axis=1)
+
+
+def _poison_states(x, arcs):
+    """x [B, S] with NaN on the real states of the FSAs that `bad_fsas` flags."""
+    real = jnp.arange(x.shape[1])[None, :] < arcs.num_states[:, None]
+    return jnp.where(bad_fsas(arcs)[:, None] & real, jnp.nan, x)
 
 
 def semiring_reduce(x, axis, log_semiring: bool):
@@ -257,6 +283,7 @@ def forward_core(arcs: Arcs, S: int, K: int, log_semiring: bool, dtype):
     alpha, kbest = lax.scan(step, alpha0, xs)
     kbest = kbest.T                                                # [B, S]
     entering = jnp.take_along_axis(table, kbest[..., None], axis=2)[..., 0]
+    alpha = _poison_states(alpha, arcs)
     entering = jnp.where(jnp.isfinite(alpha) & (jnp.arange(S)[None] > 0), entering, -1)
     return alpha, entering
 
@@ -281,7 +308,7 @@ def _backward_core(arcs: Arcs, S: int, K: int, log_semiring: bool, dtype):
     xs = (jnp.arange(S, dtype=jnp.int32), jnp.moveaxis(out_dst, 1, 0),
           jnp.moveaxis(out_score, 1, 0))
     beta, _ = lax.scan(step, beta0, xs, reverse=True)
-    return beta
+    return _poison_states(beta, arcs)
 
 
 def tot_from_alpha(alpha, num_states):
@@ -298,7 +325,8 @@ def _arc_post_core(arcs: Arcs, alpha, beta, tot, dtype):
     ok = jnp.isfinite(tot)
     tot_safe = jnp.where(ok, tot, 0.0)
     post = fa + arcs.score.astype(dtype) + bb - tot_safe[:, None]
-    return jnp.where(valid & ok[:, None], post, NEG_INF)
+    post = jnp.where(valid & ok[:, None], post, NEG_INF)
+    return jnp.where(valid & jnp.isnan(tot)[:, None], jnp.nan, post)
 
 
 def best_path_arcs(arcs: Arcs, entering, tot):
@@ -367,6 +395,8 @@ def _tot_scores_grad(S, Kin, Kout, log_semiring, dtype, arcs, alpha, entering, t
         b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], idx.shape)
         grad = jnp.zeros((B, A), dtype).at[b_idx, idx].add(
             jnp.broadcast_to(g[:, None], idx.shape).astype(dtype), mode="drop")
+    # FSAs with a NaN total: NaN on their real arcs, 0 where the cotangent is 0 (masked out)
+    grad = jnp.where(valid_arcs(arcs) & jnp.isnan(tot)[:, None], jnp.where(g != 0, jnp.nan, 0.0)[:, None], grad)
     return grad.astype(arcs.score.dtype)
 
 
@@ -443,7 +473,8 @@ def get_backward_scores(fsas, use_double_scores: bool = True, log_semiring: bool
 
 
 def get_tot_scores(fsas, use_double_scores: bool = True, log_semiring: bool = True):
-    """Total score of each FSA (``[B]`` or a scalar); ``-inf`` if the final state is unreachable.
+    """Total score of each FSA (``[B]`` or a scalar); ``-inf`` if the final state is unreachable,
+    NaN if a real arc scores NaN or +inf (see the module docstring).
 
     Differentiable w.r.t. ``fsas.score`` with an analytic backward (arc posteriors / best path).
     """

@@ -4,7 +4,8 @@ The best path is found with a tropical forward pass that records the best enteri
 state (``fsa_ops.scores``), then backtracked from the final state; both are ``lax.scan`` s inside one
 jitted program.  The answer is a batch of linear FSAs (states ``0..L``, ``L`` arcs, the last one with
 label -1) carrying the arcs' original scores and every per-arc attribute (``aux_labels`` ...).
-An FSA without a successful path gives an empty FSA (``num_states == 0``), as in k2.
+An FSA without a successful path gives an empty FSA (``num_states == 0``), as in k2; so does an FSA
+with a NaN or +inf arc score (whose ``get_tot_scores`` is NaN: check that to tell them apart).
 
 Shapes: input ``[B, A]`` arcs and ``max_states = S`` give ``[B, max(S - 1, 1)]`` output arcs,
 ``max_states = S`` (a path visits each state at most once).  A single (non-batch) concrete input

@@ -11,7 +11,8 @@ API (single FSAs; for a batch, apply per `fsavec[i]`):
   non-epsilon labels (of `label`, or of attribute `count_attr`) or more than `max_arcs` arcs. For a cyclic FSA
   give a bound; with `max_labels` and no epsilon cycles the result is exact for every label sequence of length
   <= max_labels. Raises RuntimeError beyond `max_paths` paths (and if a cyclic FSA gets no bound).
-- `total_score(fsa, log_semiring=True, **bounds)`: logsumexp (log) or max (tropical) of path scores; -inf if none.
+- `total_score(fsa, log_semiring=True, **bounds)`: logsumexp (log) or max (tropical) of path scores; -inf if none,
+  NaN if any path's score is NaN.
 - `arc_post(fsa, log_semiring=True, **bounds) -> float64[A]`: per arc, logsumexp/max over the paths through it
   (counted once per occurrence) minus the total score, as k2's `get_arc_post`; -inf for arcs on no path.
 - `best_path(fsa, **bounds) -> Path or None`: the highest-scoring path (first found on ties).
@@ -101,6 +102,8 @@ def enumerate_paths(fsa: Fsa, max_labels=None, max_arcs=None, count_attr=None, m
 
 
 def _combine(vals, log_semiring):
+    if any(math.isnan(v) for v in vals):    # (Python's max would drop a NaN that is not first)
+        return math.nan
     vals = [v for v in vals if v != -math.inf]
     if not vals:
         return -math.inf

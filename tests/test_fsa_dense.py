@@ -230,6 +230,91 @@ def test_lattice_matches_enumeration(graph, dense):
         assert p.label[-1] == -1 and p.attrs["aux_labels"][-1] == -1
 
 
+@settings(SETTINGS, max_examples=6)
+@given(graphs, dense_inputs(), st.sampled_from([math.inf, 1.0]), st.data())
+def test_nonfinite_log_prob_or_graph_score_makes_its_segments_nan(graph, dense, beam, data):
+    """A NaN or +inf log-prob in a valid frame (any symbol, used by the graph or not), or a NaN
+    score on a real graph arc: every segment that contains it has a NaN total (host-built and
+    traced layouts, pruned or not, and the totals of its intersect_dense and intersect_dense_pruned
+    lattices) and NaN gradients
+    on its valid frames and real arcs; the other segments still match the enumeration."""
+    lp, segs = dense
+    lp = lp.copy()
+    b = data.draw(st.integers(0, B - 1))
+    n, start, dur = (int(x) for x in segs[b])
+    score = np.array(graph.score, np.float32)
+    if data.draw(st.booleans()):
+        t, c = start + data.draw(st.integers(0, dur - 1)), data.draw(st.integers(0, C - 1))
+        lp[n, t, c] = data.draw(st.sampled_from([np.nan, np.inf]))
+        bad = np.array([segs[o, 0] == n and segs[o, 1] <= t < segs[o, 1] + segs[o, 2] for o in range(B)])
+    else:
+        score[b, data.draw(st.integers(0, int(graph.num_arcs[b]) - 1))] = np.nan
+        bad = np.arange(B) == b
+    graph = graph.replace(score=score)
+    tot, g_lp, g_sc = map(np.asarray, _tot_and_grads(graph, lp, segs, beam))
+    t_tot, (t_glp, t_gsc) = _traced_tot_and_grads(graph.to_jax(), jnp.asarray(lp), jnp.asarray(segs), beam)
+    lat_tot = np.asarray(get_tot_scores(intersect_dense(graph, DenseFsaVec(lp, segs), output_beam=beam)))
+    pruned_tot = np.asarray(get_tot_scores(intersect_dense_pruned(
+        graph, DenseFsaVec(lp, segs), search_beam=1e9, output_beam=1e9, min_active_states=0,
+        max_active_states=S_PAD)))
+    bad_frames = np.zeros(lp.shape[:2], bool)
+    for o in np.flatnonzero(bad):
+        bad_frames[segs[o, 0], segs[o, 1]:segs[o, 1] + segs[o, 2]] = True
+    for o in range(B):
+        na = int(graph.num_arcs[o])
+        for x in (tot, np.asarray(t_tot), lat_tot, pruned_tot):
+            assert np.isnan(x[o]) == bad[o], (o, x)
+        for x in (g_sc, np.asarray(t_gsc)):
+            assert np.all(np.isnan(x[o, :na]) == bad[o]) and np.all(x[o, na:] == 0)
+    for x in (g_lp, np.asarray(t_glp)):
+        np.testing.assert_array_equal(np.all(np.isnan(x), axis=-1), bad_frames)
+        assert not np.any(np.isnan(x[~bad_frames]))
+    good = np.flatnonzero(~bad)
+    ref_glp = np.zeros(lp.shape)
+    for o in good:
+        r_tot, _, r_glp, r_gsc, _ = _brute(graph[o], lp, segs[o], beam)
+        _close(tot[o], r_tot)
+        _close(t_tot[o], r_tot)
+        _close(pruned_tot[o], _brute(graph[o], lp, segs[o])[0])
+        if not math.isfinite(beam):
+            _close(lat_tot[o], r_tot)
+        _close(g_sc[o, :int(graph.num_arcs[o])], r_gsc, 2e-4)
+        ref_glp += r_glp
+    _close(g_lp[~bad_frames], ref_glp[~bad_frames], 2e-4)
+
+
+def test_graph_ctc_loss_nan_rows_padded_frames_and_infeasible_rows():
+    """k2.ctc_loss (band layout) on log-probs: NaN in a symbol no label uses (row 0) or +inf in a
+    label's (row 1), in a valid frame: NaN loss and NaN gradient on the row's valid frames, with
+    output_beam=inf and 10; NaN past a segment's end (row 2) changes nothing; a row that no path
+    fits (row 3) has loss +inf and gradient 0, as torch's zero_infinity gradient."""
+    rng = np.random.default_rng(31)
+    Bn, Tn, Cn = 4, 12, 6
+    lp = np.array(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(Bn, Tn, Cn)).astype(np.float32) * 2)))
+    labels = [[1, 2], [2, 3, 1], [3, 3], [1, 1, 1, 1, 1, 1, 1]]      # row 3 needs 13 frames
+    segs = np.array([[0, 0, 12], [1, 0, 12], [2, 0, 9], [3, 0, 12]], np.int32)
+    graph = ctc_graph(labels)
+    clean = lp.copy()
+    lp[0, 5, 5], lp[1, 3, 3], lp[2, 10, 3], lp[2, 11] = np.nan, np.inf, np.nan, np.inf
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def loss_and_grads(x, beam):
+        """Per-row loss, the gradient of the sum over rows 0-2 and of the sum over row 2 alone
+        (rows 0 and 1 masked out by a 0 cotangent)."""
+        loss, vjp = jax.vjp(lambda x: ctc_loss(graph, DenseFsaVec(x, segs), output_beam=beam, reduction="none"), x)
+        return loss, vjp(jnp.array([1.0, 1.0, 1.0, 0.0]))[0], vjp(jnp.array([0.0, 0.0, 1.0, 1.0]))[0]
+
+    for beam in (None, 10.0):
+        loss, grad, masked = map(np.asarray, loss_and_grads(jnp.asarray(lp), beam))
+        clean_loss, clean_grad, _ = map(np.asarray, loss_and_grads(jnp.asarray(clean), beam))
+        assert np.isnan(loss[0]) and np.isnan(loss[1]) and np.isposinf(loss[3])
+        assert loss[2] == clean_loss[2] and np.isfinite(loss[2])
+        assert np.all(np.isnan(grad[:2])) and np.all(grad[2] == clean_grad[2]) and np.all(grad[3] == 0)
+        # NaN rows masked out of the loss (cotangent 0): gradient 0, the rest unchanged; the
+        # infeasible row has gradient 0 with cotangent 1
+        assert np.all(masked[:2] == 0) and np.all(masked[3] == 0) and np.all(masked[2] == clean_grad[2])
+
+
 @jax.jit
 def _jit_tot(g, lp, segs):
     return dense_tot_scores(g, DenseFsaVec(lp, segs))

@@ -151,6 +151,55 @@ def test_no_path_gives_neg_inf_without_nan(fv):
             _close(tot[b], oracle.total_score(fv[b], log_semiring=log))
 
 
+def _on_accepting_path(f, arc):
+    return any(arc in p.arcs for p in oracle.enumerate_paths(f))
+
+
+@SETTINGS
+@given(batches, st.data(), st.sampled_from([np.nan, np.inf]))
+def test_nonfinite_arc_score_makes_its_fsa_nan(fv, data, bad):
+    """A NaN or +inf score on any real arc of an FSA (on an accepting path or not): all its scores
+    and gradients are NaN (never a finite value computed around the bad arc, nor -inf), its
+    gradient 0 when it is masked out of the sum; the other FSAs of the batch still match the
+    enumeration. Where the arc lies on an accepting path the
+    enumeration agrees (NaN, or +inf totals for +inf)."""
+    num_arcs = np.asarray(fv.num_arcs)
+    assume_rows = np.flatnonzero(num_arcs > 0)
+    if assume_rows.size == 0:
+        return
+    b = data.draw(st.sampled_from(assume_rows.tolist()))
+    arc = data.draw(st.integers(0, int(num_arcs[b]) - 1))
+    score = np.array(fv.score, np.float32)
+    score[b, arc] = bad
+    fj = fv.replace(score=jnp.asarray(score))
+    ns, na = int(fv.num_states[b]), int(num_arcs[b])
+    for log in (True, False):
+        tot = np.asarray(get_tot_scores(fj, use_double_scores=False, log_semiring=log))
+        post = np.asarray(get_arc_post(fj, use_double_scores=False, log_semiring=log))
+        fwd = np.asarray(get_forward_scores(fj, use_double_scores=False, log_semiring=log))
+        bwd = np.asarray(get_backward_scores(fj, use_double_scores=False, log_semiring=log))
+        grad = np.asarray(jax.grad(lambda s: jnp.sum(get_tot_scores(
+            fj.replace(score=s), use_double_scores=False, log_semiring=log)))(fj.score))
+        masked = np.asarray(jax.grad(lambda s: jnp.sum(jnp.where(jnp.arange(B) == b, 0.0, get_tot_scores(
+            fj.replace(score=s), use_double_scores=False, log_semiring=log))))(fj.score))
+        assert np.all(masked[b] == 0) and np.all(masked[np.arange(B) != b] == grad[np.arange(B) != b])
+        assert np.isnan(tot[b]) and np.all(np.isnan(post[b, :na])) and np.all(np.isnan(grad[b, :na]))
+        assert np.all(np.isnan(fwd[b, :ns])) and np.all(np.isnan(bwd[b, :ns]))
+        assert np.all(np.isneginf(post[b, na:])) and np.all(grad[b, na:] == 0)
+        if _on_accepting_path(fv[b], arc):
+            assert not np.isfinite(oracle.total_score(fv[b].replace(score=score[b, :na]), log_semiring=log))
+        for o in range(B):
+            if o == b:
+                continue
+            f = fv[o]
+            _close(tot[o], oracle.total_score(f, log_semiring=log))
+            _close(post[o, :int(f.num_arcs)], oracle.arc_post(f, log_semiring=log))
+            rf, rb = _ref_forward(f.to_numpy(), log)
+            _close(fwd[o], rf)
+            _close(bwd[o], rb)
+            assert np.all(np.isfinite(grad[o]))
+
+
 def test_empty_and_single_and_jit():
     f = Fsa.from_str("0 1 1 1.0\n0 1 2 2.0\n0 2 3 0.3\n1 2 4 0.5\n2 3 -1 0.1\n3")
     ref = np.logaddexp(np.logaddexp(1.5, 2.5), 0.3) + 0.1
