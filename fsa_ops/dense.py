@@ -246,7 +246,7 @@ def _check_dense(b_fsas):
 
 
 def prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, name="a_fsas",
-                  sparse_tables_as_segments: bool = True):
+                  sparse_tables_as_segments: bool = True, warn: bool = True):
     """Checks the inputs of the dense ops; returns (cfg, arcs, lp, dur): the `DenseConfig`, the
     graph arcs batched to one graph per segment, and the segments' log-probs [B, T, C] and
     durations [B].
@@ -294,7 +294,7 @@ def prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, na
         # denominator graph, entered from every state) uses the segment layout instead
         kin, kout = (k if S * k <= TABLE_PADDING * max(A, 1) or not sparse_tables_as_segments else None
                      for k in (max_degree(arcs.dst, valid, S, A), max_degree(arcs.src, valid, S, A)))
-    cfg = DenseConfig(S, kin, kout, output_beam, score_dtype(use_double_scores))
+    cfg = DenseConfig(S, kin, kout, output_beam, score_dtype(use_double_scores, warn=warn))
     return cfg, arcs, lp, dur
 
 
@@ -306,7 +306,10 @@ def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
     Differentiable w.r.t. ``b_fsas.scores`` (hence the log-probs given to DenseFsaVec) and
     ``a_fsas.score`` with an analytic backward pass.  ``-inf`` (gradient 0) where no path fits;
     NaN (NaN gradient) for a segment with a NaN or +inf log-prob in a valid frame or graph score
-    (see the module docstring).
+    (see the module docstring).  ``use_double_scores``: accumulate in float64 when
+    ``jax_enable_x64`` is on; float32 otherwise, with a warning the first time
+    (`fsa_ops.scores.Float32ScoresWarning`; ``jax.config.update("jax_enable_x64", True)`` turns
+    x64 on, ``use_double_scores=False`` asks for float32 without the warning).
     """
     cfg, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores)
     labelled = is_state_labelled(arcs, cfg.S)
@@ -380,8 +383,7 @@ def intersect_dense(a_fsas, b_fsas: DenseFsaVec, output_beam: float, max_states:
     each arc) and ``seqframe_idx_name`` (k2's row into the dense scores: segment offset + frame)
     when asked.
     """
-    cfg, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, True)
-    cfg = cfg._replace(dtype=score_dtype(True))
+    cfg, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, True, warn=False)
     B, A = arcs.src.shape
     T = lp.shape[1]
     Sl = (T + 1) * cfg.S + 1

@@ -31,7 +31,10 @@ def ctc_loss(decoding_graph, dense_fsa_vec: DenseFsaVec, output_beam: float = 10
       output_beam: pruning beam relative to the best path (``math.inf`` or ``None``: no pruning).
       reduction: ``'none'`` (per segment ``[S]``), ``'sum'`` or ``'mean'`` (each loss divided by its
         ``target_lengths`` entry, then averaged over segments), as in k2 / torch.
-      use_double_scores: accumulate in float64 (needs ``jax_enable_x64``; float32 otherwise).
+      use_double_scores: accumulate in float64 (k2's default). Needs ``jax_enable_x64``
+        (``jax.config.update("jax_enable_x64", True)`` at startup); without it the loss is
+        computed in float32 and the first such call warns (`fsa_ops.scores.Float32ScoresWarning`).
+        ``False``: float32, no warning.
       target_lengths: ``[S]`` label counts, required for ``reduction='mean'``.
 
     Returns float32 loss(es); ``+inf`` for a segment that no path fits (its gradient is 0), NaN for

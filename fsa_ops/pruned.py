@@ -181,7 +181,8 @@ def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, outp
     if max_active_states < 1 or min_active_states < 0 or min_active_states > max_active_states:
         raise ValueError(f"need 0 <= min_active_states <= max_active_states and max_active_states >= 1, "
                          f"got {min_active_states}, {max_active_states}")
-    cfg0, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, None, math.inf, True, sparse_tables_as_segments=False)
+    cfg0, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, None, math.inf, True, sparse_tables_as_segments=False,
+                                        warn=False)
     if cfg0.kout is None:
         raise ValueError("intersect_dense_pruned: a_fsas must be concrete (the out-degree table is built "
                          "on the host); call it outside jit or close over the graph")

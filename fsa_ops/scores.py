@@ -32,12 +32,19 @@ Gradients: ``get_tot_scores`` has an analytic ``custom_vjp``: the gradient w.r.t
 ``get_tot_scores_tropical_backward``).  Forward/backward scores and arc posteriors are
 differentiated by JAX through the scan (memory O(arcs)).
 
-Precision: ``use_double_scores=True`` computes in float64 when ``jax_enable_x64`` is on, and in
-float32 otherwise (JAX cannot hold float64 arrays without x64; this is documented, not an error).
+Precision: ``use_double_scores=True`` (k2's default: double-precision accumulation) computes in
+float64 when ``jax_enable_x64`` is on.  JAX cannot hold float64 arrays without x64, so otherwise
+the scores are computed in float32 and the first such call of the process warns
+(`Float32ScoresWarning`, saying how to turn x64 on: ``jax.config.update("jax_enable_x64", True)``
+at startup); ``use_double_scores=False`` asks for float32 and does not warn.  A warning rather
+than an error: code ported from k2 passes the default True everywhere, x64 changes JAX's default
+dtypes for the whole program, and the recursions here keep float32's absolute precision by
+shifting scores (see the modules), so float32 is a sound fallback once it is said.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -58,6 +65,7 @@ __all__ = [
     "safe_logsumexp",
     "nonfinite_sum",
     "bad_fsas",
+    "Float32ScoresWarning",
 ]
 
 
@@ -66,10 +74,27 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def score_dtype(use_double_scores: bool):
-    """float64 if requested and x64 is enabled, else float32."""
+class Float32ScoresWarning(UserWarning):
+    """``use_double_scores=True`` was asked for while ``jax_enable_x64`` is off: float32 is used."""
+
+
+_warned_float32 = False
+
+
+def score_dtype(use_double_scores: bool, warn: bool = True):
+    """float64 if requested and x64 is enabled, else float32; a request that x64 cannot honour
+    warns once per process (`Float32ScoresWarning`) unless `warn` is False (internal callers
+    whose precision is not a user's option)."""
+    global _warned_float32
     if use_double_scores and jax.config.jax_enable_x64:
         return jnp.float64
+    if use_double_scores and warn and not _warned_float32:
+        _warned_float32 = True
+        warnings.warn(
+            "fsa_ops: use_double_scores=True (the k2 default) but jax_enable_x64 is off, so the scores are "
+            "computed in float32. For float64, call jax.config.update('jax_enable_x64', True) at startup; "
+            "pass use_double_scores=False to ask for float32 without this warning (shown once).",
+            Float32ScoresWarning, stacklevel=4)
     return jnp.float32
 
 
@@ -461,13 +486,19 @@ def _unbatch(x, batch):
 
 
 def get_forward_scores(fsas, use_double_scores: bool = True, log_semiring: bool = True):
-    """Forward scores of each state: ``[B, max_states]`` (``[max_states]`` for one FSA)."""
+    """Forward scores of each state: ``[B, max_states]`` (``[max_states]`` for one FSA).
+
+    ``use_double_scores``: float64 when ``jax_enable_x64`` is on; float32 otherwise (warned once).
+    """
     arcs, S, kin, _, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_forward_jit(arcs, S, kin, bool(log_semiring), dtype), batch)
 
 
 def get_backward_scores(fsas, use_double_scores: bool = True, log_semiring: bool = True):
-    """Backward scores of each state (0 at the final state), padded like the forward scores."""
+    """Backward scores of each state (0 at the final state), padded like the forward scores.
+
+    ``use_double_scores``: float64 when ``jax_enable_x64`` is on; float32 otherwise (warned once).
+    """
     arcs, S, _, kout, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_backward_jit(arcs, S, kout, bool(log_semiring), dtype), batch)
 
@@ -477,13 +508,18 @@ def get_tot_scores(fsas, use_double_scores: bool = True, log_semiring: bool = Tr
     NaN if a real arc scores NaN or +inf (see the module docstring).
 
     Differentiable w.r.t. ``fsas.score`` with an analytic backward (arc posteriors / best path).
+
+    ``use_double_scores``: float64 when ``jax_enable_x64`` is on; float32 otherwise (warned once).
     """
     arcs, S, kin, kout, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_tot_jit(S, kin, kout, bool(log_semiring), dtype, arcs), batch)
 
 
 def get_arc_post(fsas, use_double_scores: bool = True, log_semiring: bool = True):
-    """Arc log-posteriors ``fwd[src] + score + bwd[dst] - tot`` (``[B, A]`` or ``[A]``)."""
+    """Arc log-posteriors ``fwd[src] + score + bwd[dst] - tot`` (``[B, A]`` or ``[A]``).
+
+    ``use_double_scores``: float64 when ``jax_enable_x64`` is on; float32 otherwise (warned once).
+    """
     arcs, S, kin, kout, batch, dtype = prepare_fsas(fsas, use_double_scores)
     alpha = _forward_jit(arcs, S, kin, bool(log_semiring), dtype)
     beta = _backward_jit(arcs, S, kout, bool(log_semiring), dtype)
@@ -492,6 +528,9 @@ def get_arc_post(fsas, use_double_scores: bool = True, log_semiring: bool = True
 
 
 def get_entering_arcs(fsas, use_double_scores: bool = True):
-    """Best (tropical) entering arc of each state, ``-1`` for the start / unreachable states."""
+    """Best (tropical) entering arc of each state, ``-1`` for the start / unreachable states.
+
+    ``use_double_scores``: float64 when ``jax_enable_x64`` is on; float32 otherwise (warned once).
+    """
     arcs, S, kin, _, batch, dtype = prepare_fsas(fsas, use_double_scores)
     return _unbatch(_entering_jit(arcs, S, kin, False, dtype)[1], batch)

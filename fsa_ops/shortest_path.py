@@ -53,7 +53,8 @@ def _shortest_path_core(arcs, attrs, S, K, dtype):
 def shortest_path(fsa, use_double_scores: bool = True):
     """Best path of each FSA in ``fsa`` (an Fsa or a batch), as linear FSA(s) with attributes.
 
-    ``use_double_scores`` selects float64 comparisons when x64 is enabled (float32 otherwise).
+    ``use_double_scores`` selects float64 comparisons when x64 is enabled (float32 otherwise,
+    warned once: `fsa_ops.scores.Float32ScoresWarning`).
     The FSAs must be top-sorted (acyclic with arcs from lower to higher states), as in k2.
     """
     arcs, S, kin, _, batch, dtype = prepare_fsas(fsa, use_double_scores)

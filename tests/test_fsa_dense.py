@@ -1,6 +1,7 @@
 """fsa_ops.dense / graph_ctc / pruned against brute force (graph paths x frames), optax and jasr.ctc_loss."""
 import functools
 import math
+import warnings
 from unittest import mock
 
 import jax
@@ -21,7 +22,8 @@ from fsa_ops.fsa import Fsa, create_fsa_vec
 from fsa_ops.graph_ctc import ctc_loss
 from fsa_ops.graphs import ctc_graph, ctc_topo
 from fsa_ops.pruned import intersect_dense_pruned
-from fsa_ops.scores import fsa_arrays, get_forward_scores, get_tot_scores
+from fsa_ops import scores as scores_mod
+from fsa_ops.scores import Float32ScoresWarning, fsa_arrays, get_forward_scores, get_tot_scores
 from fsa_ops.shortest_path import shortest_path
 from jasr.losses import ctc_loss as jasr_ctc_loss
 
@@ -574,6 +576,29 @@ def test_pruned_decodes_ctc_best_path_and_honours_min_active():
     assert per_frame[0, 1:Tn].min() >= 2 and per_frame1[0, 1:Tn].max() <= 1
     with pytest.raises(ValueError, match="min_active_states"):
         intersect_dense_pruned(topo, dv, 10, 8, 5, 3)
+
+
+def test_double_scores_without_x64_warn_once_for_the_users_option(monkeypatch):
+    """dense_tot_scores and k2.ctc_loss take use_double_scores=True by default (as k2): without
+    x64 they compute in float32 and warn once; intersect_dense / intersect_dense_pruned have no
+    such option and never warn."""
+    lp = jax.nn.log_softmax(jnp.zeros((2, 6, 4), jnp.float32))
+    g = ctc_graph([[1, 2], [3, 3, 1]])
+    dv = DenseFsaVec(lp, np.array([[0, 0, 6], [1, 0, 5]], np.int32))
+    for fn in (lambda: dense_tot_scores(g, dv), lambda: ctc_loss(g, dv, output_beam=None)):
+        monkeypatch.setattr(scores_mod, "_warned_float32", False)
+        with pytest.warns(Float32ScoresWarning, match="jax_enable_x64"):
+            assert fn().dtype == jnp.float32
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Float32ScoresWarning)
+            fn()                                    # once per process
+    monkeypatch.setattr(scores_mod, "_warned_float32", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Float32ScoresWarning)
+        dense_tot_scores(g, dv, use_double_scores=False)
+        ctc_loss(g, dv, use_double_scores=False)
+        intersect_dense(g, dv, output_beam=10.0)
+        intersect_dense_pruned(g, dv, 20, 8, 1, 10)
 
 
 def test_double_scores_with_x64():

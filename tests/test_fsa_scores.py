@@ -1,5 +1,6 @@
 """fsa_ops.scores and fsa_ops.shortest_path against brute-force path enumeration (tests/fsa_oracle.py)."""
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,9 @@ from hypothesis import strategies as st
 
 import fsa_oracle as oracle
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.scores import (get_arc_post, get_backward_scores, get_forward_scores, get_tot_scores,
-                            safe_logsumexp)
+from fsa_ops import scores as scores_mod
+from fsa_ops.scores import (Float32ScoresWarning, get_arc_post, get_backward_scores, get_forward_scores,
+                            get_tot_scores, safe_logsumexp)
 from fsa_ops.shortest_path import shortest_path
 
 B, A_PAD, S_PAD = 3, 12, 6
@@ -254,6 +256,33 @@ def test_shortest_path_matches_enumeration(fv):
         np.testing.assert_array_equal(np.asarray(p.attrs["aux_labels"]), np.asarray(best.attrs["aux_labels"]))
         assert abs(float(np.sum(p.score)) - best.score) < 1e-4
         assert abs(float(get_tot_scores(p)) - best.score) < 1e-4
+
+
+def test_double_scores_without_x64_warn_once(monkeypatch):
+    """use_double_scores=True (the default, as in k2) without x64: float32, and one warning per
+    process that says so and how to turn x64 on; no warning for use_double_scores=False or with
+    x64 on (float64 then)."""
+    f = create_fsa_vec([Fsa.from_str("0 1 1 1.0\n0 1 2 2.0\n0 2 3 0.3\n1 2 4 0.5\n2 3 -1 0.1\n3")])
+    monkeypatch.setattr(scores_mod, "_warned_float32", False)
+    with pytest.warns(Float32ScoresWarning, match=r"jax_enable_x64 is off.*float32.*"
+                                                  r"jax\.config\.update\('jax_enable_x64', True\)") as record:
+        tot = get_tot_scores(f)
+    assert tot.dtype == jnp.float32 and len(record) == 1
+    assert record[0].filename == __file__        # points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Float32ScoresWarning)
+        get_tot_scores(f)                          # once per process
+        get_forward_scores(f)
+        shortest_path(f)
+        monkeypatch.setattr(scores_mod, "_warned_float32", False)
+        for fn in (get_tot_scores, get_forward_scores, get_backward_scores, get_arc_post, shortest_path):
+            assert fn(f, use_double_scores=False) is not None
+        with jax.enable_x64(True):
+            assert get_tot_scores(f.to_jax()).dtype == jnp.float64
+    for fn in (get_forward_scores, get_backward_scores, get_arc_post, shortest_path):
+        monkeypatch.setattr(scores_mod, "_warned_float32", False)
+        with pytest.warns(Float32ScoresWarning):
+            fn(f)
 
 
 def test_use_double_scores_with_x64():
