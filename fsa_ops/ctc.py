@@ -79,12 +79,16 @@ _AUTO_REL_TOL = 1e-6
 # --------------------------------------------------------------------------------------------
 # Input checks
 # --------------------------------------------------------------------------------------------
-def check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id: int) -> None:
+def check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
+                     finite_logits: bool = False) -> None:
     """Raises ValueError/TypeError naming the bad input. Value checks run only on concrete arrays.
 
     Shapes: logits [B, T, K] float, logit_paddings [B, T], labels [B, N] int, label_paddings [B, N].
     Values (when not traced): paddings in {0, 1}; label_paddings right-padded (0...0 1...1);
-    valid labels in [0, K) and != blank_id; 0 <= blank_id < K.
+    valid labels in [0, K) and != blank_id; 0 <= blank_id < K; with finite_logits=True also no
+    NaN or +inf logit in a valid frame (this reads the logits on the host; `ctc_nll` does not ask
+    for it). Under jit these are the causes of a NaN row, found by calling this on the host
+    (e.g. on ``jax.device_get`` of the batch).
     """
     if getattr(logits, "ndim", None) != 3:
         raise ValueError(f"logits must have shape [B, T, K]; got shape {getattr(logits, 'shape', None)}")
@@ -128,6 +132,14 @@ def check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id: i
                 b, n = map(int, np.argwhere(is_blank)[0])
                 raise ValueError(f"labels[{b}, {n}] equals blank_id={blank_id} inside the valid "
                                  "label region; the blank cannot be a target label")
+    if finite_logits and not is_traced(logits, logit_paddings):
+        x = np.asarray(logits).astype(np.float32)
+        bad = (np.isnan(x) | np.isposinf(x)) & (np.asarray(logit_paddings) < 0.5)[:, :, None]
+        if np.any(bad):
+            b, t, k = map(int, np.argwhere(bad)[0])
+            raise ValueError(f"logits[{b}, {t}, {k}] = {x[b, t, k]} in a valid frame (logit_paddings[{b}, {t}] "
+                             f"= 0): row {b}'s loss is NaN ({int(bad[b].any(axis=1).sum())} of its frames "
+                             f"hold a NaN or +inf; -inf is a legitimate probability 0)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,6 +313,8 @@ def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *
     ``jnp.where(jnp.isnan(loss), 0.0, loss)`` skips it) for a row with a NaN or +inf logit anywhere in
     a valid frame (-inf is a legitimate probability 0; padded frames may hold anything) or whose
     valid labels are out of [0, K) or equal to blank_id (an error instead on concrete labels).
+    Under jit nothing is checked per call (no host sync): to find the cause of a NaN row, call
+    ``check_ctc_inputs(..., finite_logits=True)`` on host copies of the inputs.
     method: 'auto' | 'scaled' | 'log' (see the module docstring), or None for `default_method(K)`.
     """
     check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id)

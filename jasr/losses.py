@@ -8,10 +8,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fsa_ops.ctc import METHODS, ctc_nll
+from fsa_ops.ctc import METHODS, check_ctc_inputs, ctc_nll
 
-__all__ = ["ctc_loss", "weighted_ctc_loss", "wav2vec2_ctc_loss", "label_smoothed_kl", "label_smoothed_nll",
-           "joint_ctc_attention_loss"]
+__all__ = ["ctc_loss", "check_ctc_inputs", "weighted_ctc_loss", "wav2vec2_ctc_loss", "label_smoothed_kl",
+           "label_smoothed_nll", "joint_ctc_attention_loss"]
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -51,7 +51,11 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
     log_epsilon) for an infeasible sequence; we return +inf (or 0 with ``zero_infinity``), as torch
     does. torch yields NaN gradients for infinite losses; we give 0. Invalid labels (out of range or
     equal to the blank inside the valid region) and malformed paddings raise ``ValueError`` on
-    concrete inputs; under ``jit`` such a row's loss is NaN.
+    concrete inputs; under ``jit`` nothing is checked per call (that would need a host sync) and
+    such a row's loss is NaN, like a row with NaN or +inf logits. To find the cause of a NaN row,
+    call ``check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id,
+    finite_logits=True)`` (this module's, from ``fsa_ops.ctc``) on host copies of the batch (e.g.
+    ``jax.device_get``): it raises a ``ValueError`` naming the first bad label or logit.
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}; got {reduction!r}")

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from fsa_ops.ctc import ctc_forward_backward, ctc_nll, default_method
-from jasr.losses import ctc_loss
+from jasr.losses import check_ctc_inputs, ctc_loss
 
 # ----------------------------------------------------------------------------------------------
 # References
@@ -427,6 +427,28 @@ def test_invalid_labels_under_jit_give_nan():
                                   cotangent=np.array([1, 0, 0, 1], np.float32))
         assert np.all(np.asarray(masked)[1:3] == 0)
         np.testing.assert_array_equal(np.asarray(masked)[[0, 3]], grad[[0, 3]])
+
+
+def test_check_ctc_inputs_names_the_cause_of_a_nan_row_under_jit():
+    """Under jit a row with a bad label or a NaN/+inf logit is NaN and nothing is checked per call;
+    jasr.losses.check_ctc_inputs on host copies names the first culprit (labels; with
+    finite_logits=True also logits in valid frames; padded frames and -inf are fine)."""
+    logits = np.zeros((B, T, K), np.float32)
+    labels = np.array([[1, 2, 0, 0], [1, 2, 0, 0], [1, K + 1, 0, 0], [2, 2, 0, 0]], np.int32)
+    fp, lpad = paddings_from_lengths([10, 10, 10, 7], T), paddings_from_lengths([2, 2, 2, 2], N)
+    logits[1, 3, 4] = np.nan
+    logits[3, 8, 0] = np.nan         # padded frame: ignored
+    logits[0, 2, 3] = -np.inf        # probability 0: fine
+    loss = np.asarray(jax.jit(ctc_loss)(logits, fp, labels, lpad))
+    assert np.isfinite(loss[[0, 3]]).all() and np.isnan(loss[[1, 2]]).all()
+    with pytest.raises(ValueError, match=rf"labels\[2, 1\] = {K + 1} is outside \[0, K={K}\)"):
+        check_ctc_inputs(logits, fp, labels, lpad, 0, finite_logits=True)
+    labels[2, 1] = 3
+    check_ctc_inputs(logits, fp, labels, lpad, 0)        # logits are not read by default
+    with pytest.raises(ValueError, match=r"logits\[1, 3, 4\] = nan in a valid frame .*row 1's loss is NaN"):
+        check_ctc_inputs(jnp.asarray(logits, jnp.bfloat16), fp, labels, lpad, 0, finite_logits=True)
+    logits[1, 3, 4] = 0.0
+    check_ctc_inputs(logits, fp, labels, lpad, 0, finite_logits=True)
 
 
 @pytest.mark.parametrize("change,message", [
