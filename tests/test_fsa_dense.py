@@ -409,6 +409,53 @@ def test_graph_ctc_gradient_keeps_float32_precision_on_long_segments_under_jit()
     np.testing.assert_allclose(g1, g2, atol=2e-5)
 
 
+@pytest.mark.slow
+def test_twenty_thousand_frames_give_finite_lattice_losses_and_gradients():
+    """T = 20000 frames, C = 5 symbols: k2.ctc_loss (band layout, output_beam inf and k2's 10)
+    equals torch in float64, for peaky ('trained') and N(0, 1) log-probs,
+    with finite gradients; dense_tot_scores over ctc_topo (every sequence: total log 1 = 0, the
+    state-labelled layout) stays ~0 with a ~0 gradient after 20000 frames."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(26)
+    Bn, Tn, Cn = 2, 20000, 5
+    labels = [[1, 3, 2, 2, 4, 1], [2, 4, 4, 3]]
+    segs = np.array([[0, 0, Tn], [1, 0, 15001]], np.int32)
+    peaky = rng.normal(size=(Bn, Tn, Cn)).astype(np.float32)
+    for b, lab in enumerate(labels):
+        top = np.zeros(Tn, np.int64)
+        for j, start in enumerate(np.sort(rng.choice(np.arange(1, segs[b, 2] - 5), size=len(lab), replace=False))):
+            top[start:start + 3] = lab[j]
+        peaky[b, np.arange(Tn), top] += rng.uniform(10, 20, size=Tn).astype(np.float32)
+    graph, topo = ctc_graph(labels), ctc_topo(Cn - 1)
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def graph_loss(x, beam):
+        return jax.value_and_grad(lambda x: jnp.sum(ctc_loss(graph, DenseFsaVec(jax.nn.log_softmax(x), segs),
+                                                             output_beam=beam, reduction="none",
+                                                             use_double_scores=False)))(x)
+
+    @jax.jit
+    def topo_total(x):
+        return jax.value_and_grad(lambda x: jnp.sum(dense_tot_scores(topo, DenseFsaVec(jax.nn.log_softmax(x), segs),
+                                                                     use_double_scores=False)))(x)
+
+    for name, x in (("peaky", peaky), ("normal", rng.normal(size=(Bn, Tn, Cn)).astype(np.float32))):
+        xt = torch.tensor(x.astype(np.float64), requires_grad=True)
+        ref = torch.nn.functional.ctc_loss(
+            torch.log_softmax(xt, -1).transpose(0, 1), torch.tensor([lab + [0] * (6 - len(lab)) for lab in labels]),
+            torch.tensor(segs[:, 2]), torch.tensor([len(lab) for lab in labels]), reduction="sum")
+        ref.backward()
+        ref = float(ref.detach())
+        for beam in (None, 10.0):
+            loss, grad = graph_loss(jnp.asarray(x), beam)
+            assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(grad))), (name, beam)
+            if beam is None:     # (beam 10 drops paths: compare only the exact total)
+                np.testing.assert_allclose(float(loss), ref, rtol=5e-6, atol=5e-3, err_msg=name)
+                np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy(), atol=5e-4, err_msg=name)
+        tot, g = topo_total(jnp.asarray(x))
+        assert abs(float(tot)) < 1e-2 and float(np.abs(np.asarray(g)).max()) < 1e-4, name
+
+
 @pytest.mark.parametrize("labelled", [False, True])
 def test_mixed_layouts_for_a_denominator_like_graph(monkeypatch, labelled):
     """Every state has an arc into the final state: the forward direction's degree table would be
