@@ -19,6 +19,7 @@ with label -1 arcs from every OpenFst final state (as k2's `Fsa.from_openfst`).
 """
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -129,11 +130,16 @@ class Fsa:
 
         At most one of `acceptor`, `num_aux_labels`, `aux_label_names` may be given (none: acceptor).
         `acceptor=False` means one aux label named 'aux_labels'; further ones are 'aux_labels2', ....
-        An empty string gives the empty FSA. Malformed text raises ValueError naming the line.
+        An empty string gives the empty FSA. Malformed text raises ValueError naming the line: fields
+        must be ASCII integers within int32 (states, labels, aux labels) and ASCII numbers whose value
+        fits float32 (scores; ``inf``, ``-inf`` and ``nan`` allowed); lines end at \\n, \\r\\n or
+        \\r. `s` may also be UTF-8 bytes (ValueError naming the line if they are not UTF-8); any other
+        type is a TypeError.
         """
         naux, names = get_aux_label_info(acceptor, num_aux_labels, aux_label_names)
-        fast = _parse_fast(s, naux, names, openfst)
-        return fast if fast is not None else _parse(s, naux, names, openfst)
+        lines = _text_lines(s)
+        fast = _parse_fast(lines, naux, names, openfst)
+        return fast if fast is not None else _parse(lines, naux, names, openfst)
 
     @classmethod
     def from_openfst(cls, s: str, acceptor: Optional[bool] = None, num_aux_labels: Optional[int] = None,
@@ -467,6 +473,79 @@ def to_str(fsa: Fsa, openfst: bool = False) -> str:
 to_str_simple = to_str
 
 
+# Text fields: ASCII integers (optionally signed) in int32, and ASCII floats as Python writes them
+# (``inf`` / ``nan`` included) whose value fits float32. Anything else is an error naming the line.
+_INT = r"[+-]?[0-9]+"
+_FLOAT = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)"
+_INT_RE = re.compile(_INT, re.ASCII)
+_FLOAT_RE = re.compile(_FLOAT, re.ASCII | re.IGNORECASE)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_INT32 = np.iinfo(np.int32)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# byte classes of the fast parser's check: 0 blank, 1 integer character, 2 other float character, 3 other
+_BYTE_CLASS = np.full(256, 3, np.uint8)
+_BYTE_CLASS[list(b" \t\n")] = 0
+_BYTE_CLASS[list(b"0123456789+-")] = 1
+_BYTE_CLASS[list(b".eEinfatyINFATY")] = 2
+
+
+def _strict_columns(text: str, fields: int) -> bool:
+    """Whether `text` (lines joined by \\n, each of exactly `fields` blank-separated tokens, as
+    counted before) holds only ASCII integer characters in its first fields - 1 columns and float
+    characters in its last: vectorised over the bytes, so that the C number parser, which also
+    reads 1.0 or 1e0 as an integer and nan(1) as a number, only ever sees what the line parser
+    accepts."""
+    try:
+        cls = _BYTE_CLASS[np.frombuffer(text.encode("ascii"), np.uint8)]
+    except UnicodeEncodeError:
+        return False
+    if np.any(cls == 3):
+        return False
+    float_only = np.flatnonzero(cls == 2)
+    if float_only.size == 0:
+        return True
+    blank = cls == 0
+    start = ~blank
+    start[1:] &= blank[:-1]
+    token = np.cumsum(start)[float_only] - 1          # tokens run on across lines: `fields` per line
+    return bool(np.all(token % fields == fields - 1))
+
+
+def _text_lines(s) -> List[str]:
+    """The lines of `s` (str, or UTF-8 bytes) split at \\n, \\r\\n or \\r, as editors number them."""
+    if isinstance(s, (bytes, bytearray, memoryview)):
+        data = bytes(s)
+        try:
+            s = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise ValueError(f"line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                             f"{e.start})") from None
+    if not isinstance(s, str):
+        raise TypeError(f"Fsa.from_str: expected the text as str (or UTF-8 bytes), got {type(s).__name__}")
+    return _LINE_BREAK.split(s) if "\r" in s else s.split("\n")
+
+
+def _int_field(tok: str) -> int:
+    if not _INT_RE.fullmatch(tok):
+        raise ValueError(f"non-numeric field {tok!r} (an integer is expected)")
+    value = int(tok)
+    if not _INT32.min <= value <= _INT32.max:
+        raise ValueError(f"{tok} is outside the int32 range")
+    return value
+
+
+def _float_field(tok: str) -> float:
+    if not _FLOAT_RE.fullmatch(tok):
+        raise ValueError(f"non-numeric field {tok!r} (a number is expected)")
+    value = float(tok)
+    if abs(value) > _FLOAT32_MAX and not tok.lstrip("+-")[:1] in "iI":
+        raise ValueError(f"{tok} overflows float32 (write inf or -inf for an infinite score)")
+    return value
+
+
 def _numbers(text: str, n: int) -> np.ndarray:
     """All whitespace-separated numbers of `text` as float64 (C parser); ValueError unless exactly n."""
     with warnings.catch_warnings():
@@ -478,16 +557,25 @@ def _numbers(text: str, n: int) -> np.ndarray:
 
 
 def _ints(x: np.ndarray) -> np.ndarray:
-    """Integer columns parsed as float64 must be exact integers (else ValueError)."""
-    if not np.all(np.isfinite(x)) or np.any(np.floor(x) != x):
+    """Integer columns parsed as float64 must be exact int32 integers (else ValueError)."""
+    if not np.all(np.isfinite(x)) or np.any(np.floor(x) != x) or np.any(np.abs(x) > _INT32.max):
         raise ValueError("non-integer field")
     return x.astype(np.int64)
 
 
-def _parse_fast(s: str, naux: int, names: List[str], openfst: bool) -> Optional[Fsa]:
+def _scores(x: np.ndarray) -> np.ndarray:
+    """Float64 scores as float32; ValueError for values beyond float32's range, and for infinities
+    (the C parser also turns 1e400 into inf: the line parser tells the literals apart)."""
+    if np.any(np.abs(x) > _FLOAT32_MAX):
+        raise ValueError("score overflows float32")
+    return x.astype(np.float32)
+
+
+def _parse_fast(lines: List[str], naux: int, names: List[str], openfst: bool) -> Optional[Fsa]:
     """Vectorised parser for well-formed text; returns None (the line-by-line parser then reports the
-    problem with its line number) on anything unusual."""
-    lines = [ln for ln in s.splitlines() if ln.strip()]
+    problem with its line number) on anything unusual: before the C number parser reads the arcs,
+    `_strict_columns` checks that they hold only what the line parser accepts."""
+    lines = [ln for ln in lines if ln.strip()]
     if len(lines) < 2:
         return None
     counts = np.fromiter((len(ln.split()) for ln in lines), np.int64, len(lines))
@@ -496,10 +584,13 @@ def _parse_fast(s: str, naux: int, names: List[str], openfst: bool) -> Optional[
         if not openfst:
             if counts[-1] != 1 or np.any(counts[:-1] != arc_fields):
                 return None
-            tok = _numbers("\n".join(lines[:-1]), arc_fields * (len(lines) - 1)).reshape(-1, arc_fields)
+            text = "\n".join(lines[:-1])
+            if not _INT_RE.fullmatch(lines[-1].strip()) or not _strict_columns(text, arc_fields):
+                return None
+            tok = _numbers(text, arc_fields * (len(lines) - 1)).reshape(-1, arc_fields)
             final_state = int(lines[-1])
             ints = _ints(tok[:, :3 + naux])
-            score = tok[:, -1].astype(np.float32)
+            score = _scores(tok[:, -1])
             ns = final_state + 1
         else:
             fin = counts <= 2
@@ -507,12 +598,18 @@ def _parse_fast(s: str, naux: int, names: List[str], openfst: bool) -> Optional[
             if np.any(counts[arcs] != arc_fields) or not fin.any():
                 return None
             idx_a, idx_f = np.nonzero(arcs)[0], np.nonzero(fin)[0]
-            tok = _numbers("\n".join([lines[i] for i in idx_a]), arc_fields * len(idx_a)).reshape(-1, arc_fields)
+            text = "\n".join([lines[i] for i in idx_a])
+            final_re = re.compile(rf"[ \t]*{_INT}(?:[ \t]+{_FLOAT})?[ \t]*", re.ASCII | re.IGNORECASE)
+            if ((len(idx_a) and not _strict_columns(text, arc_fields))
+                    or not all(final_re.fullmatch(lines[i]) for i in idx_f)):
+                return None
+            tok = _numbers(text, arc_fields * len(idx_a)).reshape(-1, arc_fields)
             ints = _ints(tok[:, :3 + naux])
-            score = -tok[:, -1].astype(np.float32)
+            score = -_scores(tok[:, -1])
             ftok = [lines[i].split() for i in idx_f]
             fst = np.array([int(t[0]) for t in ftok], np.int64)
-            fsc = np.array([-float(t[1]) if len(t) == 2 else 0.0 for t in ftok], np.float32)
+            fsc = np.array([-float(t[1]) if len(t) == 2 else 0.0 for t in ftok], np.float64)
+            fsc = _scores(fsc)
             if np.any(ints[:, :2] < 0) or np.any(fst < 0) or np.any(ints[:, 2] == -1):
                 return None
             final_state = int(max(ints[:, :2].max(initial=0), fst.max())) + 1
@@ -524,7 +621,7 @@ def _parse_fast(s: str, naux: int, names: List[str], openfst: bool) -> Optional[
             ns = final_state + 1
     except (ValueError, OverflowError):
         return None
-    if np.any(np.abs(ints) > np.iinfo(np.int32).max):
+    if np.any(np.abs(ints) > _INT32.max) or ns > _INT32.max:
         return None
     src, dst, lab = ints[:, 0], ints[:, 1], ints[:, 2]
     final = ns - 1
@@ -536,7 +633,7 @@ def _parse_fast(s: str, naux: int, names: List[str], openfst: bool) -> Optional[
                          attrs=attrs)
 
 
-def _parse(s: str, naux: int, names: List[str], openfst: bool) -> Fsa:
+def _parse(lines: List[str], naux: int, names: List[str], openfst: bool) -> Fsa:
     arc_fields = 4 + naux
     srcs, dsts, labs, scs = [], [], [], []
     auxs: List[List[int]] = []
@@ -548,7 +645,7 @@ def _parse(s: str, naux: int, names: List[str], openfst: bool) -> Fsa:
     def bad(ln, msg, text):
         return ValueError(f"line {ln}: {msg}: {text.strip()!r}")
 
-    for ln, line in enumerate(s.splitlines(), 1):
+    for ln, line in enumerate(lines, 1):
         f = line.split()
         if not f:
             continue
@@ -556,24 +653,24 @@ def _parse(s: str, naux: int, names: List[str], openfst: bool) -> Fsa:
             raise bad(ln, f"text after the final-state line (line {final_line})", line)
         try:
             if openfst and len(f) in (1, 2):
-                st = int(f[0])
-                finals.append((ln, st, -float(f[1]) if len(f) == 2 else 0.0))
+                st = _int_field(f[0])
+                finals.append((ln, st, -_float_field(f[1]) if len(f) == 2 else 0.0))
                 continue
             if not openfst and len(f) == 1:
-                final_state, final_line = int(f[0]), ln
+                final_state, final_line = _int_field(f[0]), ln
                 continue
             ok = len(f) == arc_fields or (openfst and len(f) == arc_fields - 1)
             if not ok:
                 want = f"{arc_fields}" + (f" or {arc_fields - 1}" if openfst else "")
                 raise bad(ln, f"expected {want} fields (src dst label{' aux_label' * naux} "
                               f"{'[cost]' if openfst else 'score'}) or a final-state line, got {len(f)}", line)
-            a, d, lab = int(f[0]), int(f[1]), int(f[2])
-            au = [int(x) for x in f[3:3 + naux]]
-            sc = float(f[3 + naux]) if len(f) == arc_fields else 0.0
+            a, d, lab = _int_field(f[0]), _int_field(f[1]), _int_field(f[2])
+            au = [_int_field(x) for x in f[3:3 + naux]]
+            sc = _float_field(f[3 + naux]) if len(f) == arc_fields else 0.0
         except ValueError as e:
             if str(e).startswith("line "):
                 raise
-            raise bad(ln, f"non-numeric field ({e})", line) from None
+            raise bad(ln, str(e), line) from None
         srcs.append(a)
         dsts.append(d)
         labs.append(lab)
@@ -592,6 +689,11 @@ def _parse(s: str, naux: int, names: List[str], openfst: bool) -> Fsa:
                 raise ValueError(f"line {ln}: negative final state {st}")
         states = srcs + dsts + [st for _, st, _ in finals]
         final_state = max(states) + 1
+        if final_state >= _INT32.max:
+            ln = max([(a, ln) for a, ln in zip(srcs + dsts, arc_line + arc_line)] +
+                     [(st, ln) for ln, st, _ in finals])[1]
+            raise ValueError(f"line {ln}: state {final_state - 1} leaves no room for the added final state "
+                             f"{final_state} in int32")
         for ln, st, sc in finals:
             srcs.append(st)
             dsts.append(final_state)
@@ -611,6 +713,9 @@ def _parse(s: str, naux: int, names: List[str], openfst: bool) -> Fsa:
                              f"after the arcs)")
         if final_state < 0:
             raise ValueError(f"line {final_line}: negative final state {final_state}")
+        if final_state >= _INT32.max:
+            raise ValueError(f"line {final_line}: final state {final_state}: the number of states "
+                             f"{final_state + 1} is outside int32")
         for i in range(len(srcs)):
             ln, a, d = arc_line[i], srcs[i], dsts[i]
             if a < 0 or d < 0 or a > final_state or d > final_state:

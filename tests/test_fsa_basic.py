@@ -1,5 +1,6 @@
 """Fsa data structure, batching, text formats (k2 and OpenFst), validation errors."""
 import os
+import re
 import sys
 
 import jax
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fsa_oracle import random_fsas  # noqa: E402
@@ -267,14 +269,15 @@ def test_to_dot_and_draw(tmp_path):
 @SETTINGS
 @given(random_fsas(acyclic=False, aux_labels=True, min_states=1, max_states=6, max_arcs=12))
 def test_fast_and_line_parsers_agree(f):
-    from fsa_ops.fsa import _parse, _parse_fast
+    from fsa_ops.fsa import _parse, _parse_fast, _text_lines
     for openfst in (False, True):
-        text = to_str(f, openfst=openfst)
-        fast = _parse_fast(text, 1, ["aux_labels"], openfst)
-        slow = _parse(text, 1, ["aux_labels"], openfst)
+        lines = _text_lines(to_str(f, openfst=openfst))
+        fast = _parse_fast(lines, 1, ["aux_labels"], openfst)
+        slow = _parse(lines, 1, ["aux_labels"], openfst)
         if fast is not None:  # None: left to the line parser (e.g. no final-weight line)
             assert_fsa_equal(fast, slow)
-    assert _parse_fast("0 1 1.5 0\n1\n", 0, [], False) is None  # the line parser reports it
+    for text in ("0 1 1.5 0\n1\n", "0 1 1.0 0\n1\n", "0 1 -1 nan(1)\n1\n", "0 1 -1 1e400\n1\n"):
+        assert _parse_fast(_text_lines(text), 0, [], False) is None  # the line parser reports it
 
 
 def test_as_dict_round_trip(tmp_path):
@@ -287,3 +290,212 @@ def test_as_dict_round_trip(tmp_path):
         for k in ("src", "dst", "label", "score", "num_states", "num_arcs"):
             np.testing.assert_array_equal(getattr(g, k), getattr(f, k))
         np.testing.assert_array_equal(g.aux_labels, f.aux_labels)
+
+
+# ------------------------------------------------------------------ text parser fuzzing
+# A spec-level reference parser (line by line, nothing shared with fsa_ops.fsa): Fsa.from_str must
+# raise ValueError exactly where it does (and name a line), and otherwise return its FSA.
+_REF_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_REF_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)",
+                        re.ASCII | re.IGNORECASE)
+
+
+def _ref_int(tok):
+    if not _REF_INT.fullmatch(tok) or not -2 ** 31 <= int(tok) < 2 ** 31:
+        raise ValueError(tok)
+    return int(tok)
+
+
+def _ref_float(tok):
+    if not _REF_FLOAT.fullmatch(tok):
+        raise ValueError(tok)
+    value = float(tok)
+    if abs(value) > float(np.finfo(np.float32).max) and "inf" not in tok.lower():
+        raise ValueError(tok)
+    return value
+
+
+def _reference_parse(text, naux, openfst):
+    """(arcs [(src, dst, label, aux..., score)] in from_str's order, num_states); ValueError."""
+    arcs, finals, final = [], [], None
+    for line in re.split(r"\r\n|\r|\n", text):
+        tok = line.split()
+        if not tok:
+            continue
+        if final is not None:
+            raise ValueError("text after the final state")
+        if openfst and len(tok) in (1, 2):
+            finals.append((_ref_int(tok[0]), -_ref_float(tok[1]) if len(tok) == 2 else 0.0))
+        elif not openfst and len(tok) == 1:
+            final = _ref_int(tok[0])
+        elif len(tok) == 4 + naux or (openfst and len(tok) == 3 + naux):
+            ints = [_ref_int(t) for t in tok[:3 + naux]]
+            score = _ref_float(tok[3 + naux]) if len(tok) == 4 + naux else 0.0
+            arcs.append(tuple(ints) + (-score if openfst else score,))
+        else:
+            raise ValueError("field count")
+    if openfst:
+        if not arcs and not finals:
+            return [], 0
+        if any(a[0] < 0 or a[1] < 0 or a[2] == -1 for a in arcs) or any(st < 0 for st, _ in finals):
+            raise ValueError("negative state or label -1")
+        final = max([a[0] for a in arcs] + [a[1] for a in arcs] + [st for st, _ in finals]) + 1
+        arcs += [(st, final, -1) + (-1,) * naux + (sc,) for st, sc in finals]
+    elif final is None:
+        if arcs:
+            raise ValueError("no final state")
+        return [], 0
+    if not 0 <= final < 2 ** 31 - 1:
+        raise ValueError("final state")
+    for a in arcs:
+        if not (0 <= a[0] <= final and 0 <= a[1] <= final) or a[0] == final or (a[2] == -1) != (a[1] == final):
+            raise ValueError("bad arc")
+    return sorted(arcs, key=lambda a: a[0]), final + 1     # (a stable sort, as from_str's)
+
+
+_PARSER_MODES = [dict(), dict(acceptor=False), dict(num_aux_labels=2), dict(openfst=True),
+                 dict(acceptor=False, openfst=True)]
+
+
+def _naux(mode):
+    return {(): 0}.get(tuple(mode), 2 if "num_aux_labels" in mode else 1 if mode.get("acceptor") is False else 0)
+
+
+def _check_parse(text, mode):
+    """from_str(text) raises ValueError naming a line iff the reference does; else equal FSAs."""
+    naux, openfst = _naux(mode), mode.get("openfst", False)
+    try:
+        expected = _reference_parse(text, naux, openfst)
+    except ValueError:
+        expected = None
+    if expected is None:
+        with pytest.raises(ValueError, match=r"^line [0-9]+: "):
+            Fsa.from_str(text, **mode)
+        return
+    f = Fsa.from_str(text, **mode)
+    arcs, num_states = expected
+    assert int(f.num_states) == num_states and int(f.num_arcs) == len(arcs)
+    names = sorted(f.attrs)
+    got = list(zip(f.src.tolist(), f.dst.tolist(), f.label.tolist(), *[f.attrs[k].tolist() for k in names],
+                   np.asarray(f.score, np.float64).tolist()))
+    want = [a[:-1] + (float(np.float32(a[-1])),) for a in arcs]
+    assert [g[:-1] for g in got] == [w[:-1] for w in want]
+    np.testing.assert_array_equal([g[-1] for g in got], [w[-1] for w in want])
+    check_fsa(f)
+
+
+_TRICKY_TOKENS = ["1.0", "1e0", "nan", "-inf", "inf", "Infinity", "NaN", "nan(1)", "2147483647", "2147483648",
+                  "-2147483649", "99999999999", "\u0663", "1_0", "0x10", "+1", "-0", "-1", "abc", "1e39",
+                  "-1e39", "1e400", "3.4e38", ".5", "5.", "1e", "--1", "1-2", "\x00", "\u00e9", "0", "1", "2"]
+_SEPARATORS = [" ", "\t", "  ", "\u00a0", "\x0c", "\u3000"]
+_BREAKS = ["\n", "\r\n", "\r", "\n\n", "\x0b", "\u2028"]
+
+
+@st.composite
+def _mutated_fsa_text(draw):
+    """The text of a random valid FSA (k2 or OpenFst format) with a few near-valid mutations."""
+    mode = draw(st.sampled_from(_PARSER_MODES))
+    naux = _naux(mode)
+    f = draw(random_fsas(acyclic=False, aux_labels=naux > 0, min_states=0, max_states=5, max_arcs=6))
+    if naux == 2:
+        f = f.replace(attrs={"aux_labels": f.attrs["aux_labels"], "aux_labels2": f.attrs["aux_labels"]})
+    lines = [ln.split(" ") for ln in to_str(f, openfst=mode.get("openfst", False)).splitlines()]
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(["token", "drop_token", "add_token", "drop_line", "add_line", "swap_lines"]))
+        if kind == "add_line" or not lines:
+            lines.insert(draw(st.integers(0, len(lines))),
+                         draw(st.lists(st.sampled_from(_TRICKY_TOKENS), min_size=0, max_size=5)))
+            continue
+        i = draw(st.integers(0, len(lines) - 1))
+        if kind == "drop_line":
+            del lines[i]
+        elif kind == "swap_lines":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif kind == "add_token":
+            lines[i].insert(draw(st.integers(0, len(lines[i]))), draw(st.sampled_from(_TRICKY_TOKENS)))
+        elif lines[i]:
+            j = draw(st.integers(0, len(lines[i]) - 1))
+            if kind == "drop_token":
+                del lines[i][j]
+            else:
+                lines[i][j] = draw(st.sampled_from(_TRICKY_TOKENS))
+    sep, brk = draw(st.sampled_from(_SEPARATORS)), draw(st.sampled_from(_BREAKS))
+    return brk.join(sep.join(ln) for ln in lines) + draw(st.sampled_from(["", brk])), mode
+
+
+@settings(max_examples=300, deadline=None)
+@given(_mutated_fsa_text())
+def test_parser_fuzz_near_valid_text_gives_the_reference_fsa_or_a_line_error(case):
+    text, mode = case
+    _check_parse(text, mode)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.text(alphabet="0123456789 -+.\n\tinfa", max_size=60)),
+       st.sampled_from(_PARSER_MODES))
+def test_parser_fuzz_random_text(text, mode):
+    _check_parse(text, mode)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=60), st.sampled_from(_PARSER_MODES))
+def test_parser_fuzz_random_bytes(data, mode):
+    """UTF-8 bytes parse like their text; other bytes are a ValueError naming the line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(ValueError, match=r"^line [0-9]+: not UTF-8"):
+            Fsa.from_str(data, **mode)
+        return
+    a = _reference_parse_or_none(text, mode)
+    if a is None:
+        with pytest.raises(ValueError, match=r"^line [0-9]+: "):
+            Fsa.from_str(data, **mode)
+    else:
+        assert_fsa_equal(Fsa.from_str(data, **mode), Fsa.from_str(text, **mode))
+
+
+def _reference_parse_or_none(text, mode):
+    try:
+        return _reference_parse(text, _naux(mode), mode.get("openfst", False))
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("text, mode, problem", [
+    ("0 1 2147483648 0\n1 2 -1 0\n2\n", {}, "line 1: 2147483648 is outside the int32 range"),
+    ("0 1 99999999999 0\n1\n", dict(openfst=True), "line 1: 99999999999 is outside the int32 range"),
+    ("0 1 1 2 3 0\n1 2 -1 -1 -1 0\n2\n", dict(num_aux_labels=2), None),
+    ("0 1 1 5 0\n1 2 -1 -2147483649 0\n2\n", dict(acceptor=False), "line 2: -2147483649 is outside"),
+    ("0 1 1.0 0\n1 2 -1 0\n2\n", {}, "line 1: non-numeric field '1.0'"),
+    ("0 1 1e0 0\n1\n", dict(openfst=True), "line 1: non-numeric field '1e0'"),
+    ("0 1 -1 1_0\n1\n", {}, "line 1: non-numeric field '1_0'"),
+    ("0 1 -1 \u0663\n1\n", {}, "line 1: non-numeric field"),
+    ("0 1 -1 nan(1)\n1\n", {}, "line 1: non-numeric field 'nan\\(1\\)'"),
+    ("0 1 -1 1e39\n1\n", {}, "line 1: 1e39 overflows float32"),
+    ("0 1 -1 1e400\n1\n", {}, "line 1: 1e400 overflows float32"),
+    ("0 1 -1 -inf\n1\n", {}, None),
+    ("0 1 -1 0\n2147483647\n", {}, "line 2: final state 2147483647"),
+    ("0 1 1 0\r1 2 -1 0\r\x0c2\r", {}, None),
+    ("0 1 1 0\n1 2 -1 0\x0b2\n", {}, "line 2: expected 4 fields"),
+])
+def test_parser_edge_cases(text, mode, problem):
+    """Found by the fuzz tests: out-of-range integers were an OverflowError, 1.0 / 1e0 labels and
+    1_0 / Arabic-Indic digits / nan(1) scores were accepted by one path or the other, 1e39 became
+    an inf score; line breaks are \\n, \\r\\n and \\r only (so line numbers are an editor's)."""
+    if problem is None:
+        check_fsa(Fsa.from_str(text, **mode))
+        _check_parse(text, mode)
+    else:
+        with pytest.raises(ValueError, match=problem):
+            Fsa.from_str(text, **mode)
+        _check_parse(text, mode)
+
+
+def test_parser_input_types():
+    assert_fsa_equal(Fsa.from_str(b"0 1 -1 0.5\n1\n"), Fsa.from_str("0 1 -1 0.5\n1\n"))
+    with pytest.raises(ValueError, match=r"^line 2: not UTF-8"):
+        Fsa.from_str(b"0 1 -1 0.5\n\xff\n")
+    with pytest.raises(TypeError, match="expected the text as str"):
+        Fsa.from_str(None)
