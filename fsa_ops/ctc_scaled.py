@@ -72,6 +72,15 @@ def _prefix_sum(x):
     return jnp.dot(lower, x - mean, precision=highest) + steps * mean
 
 
+def _centred_total(x):
+    """Sum over axis 0 of x [T, R] (float32) with each column's mean taken out first and put back
+    as T * mean (see `_prefix_sum`): its last row without the other rows."""
+    frames = x.shape[0]
+    highest = jax.lax.Precision.HIGHEST
+    mean = jnp.dot(jnp.full((frames,), 1.0 / frames, jnp.float32), x, precision=highest)       # [R]
+    return jnp.dot(jnp.ones((frames,), jnp.float32), x - mean, precision=highest) + frames * mean
+
+
 def run_scaled(lat: CtcLattice, logits, log_probs: bool, store: bool = True, mark_flushed: bool = False):
     """The rescaled recursion in one loop over time-major rows (see `_scaled_loop`).
 
@@ -155,10 +164,12 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, store: bool):
     rows is [T, R, S+1] (column S unused) and the table is written over it, frame by frame after
     the frame's row is read, so that no zero-filled output buffer is needed.
 
-    The carry is (x [R, S] unnormalised, its row sum [R], its log-scale c [R]: the true value is
-    x * exp(c)); each frame starts by dividing x by the sum inside the fused step, so that the
-    body is little more than the step, the row sum (a matrix-vector product: on CPU much faster
-    than a reduction) and one small update. Rows without mass keep sum 1.
+    The carry is (x [R, S] unnormalised, its row sum [R]); each step's log-scale increment (the
+    log of the sum it divides by, plus the frame's offset) goes to the table's column S (store) or
+    to the scan's output, and one centred sum after the loop adds them up (the true value is
+    x * exp(log-scale)). Each frame starts by dividing x by the sum inside the fused step, so that
+    the body is little more than the step and the row sum (a matrix-vector product: on CPU much
+    faster than a reduction). Rows without mass keep sum 1.
 
     Returns ((x after step T-1 divided by its sum [R, S], its log-scale [R]), table [T, R, S + 1]
     or None (store=False)): at each step the forward rows' new value and the backward rows'
@@ -202,15 +213,18 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, store: bool):
         scales = _prefix_sum(table[:, :, states])
         return _normalised_last(x, norm, scales[-1]), (table, scales)
 
-    # store=False: the log-scale is carried, nothing is written
+    # store=False: no table; the steps' log-scale increments [T, R] come out of the scan and are
+    # summed as the stored table's column is (`_centred_total`, the last row of `_prefix_sum`):
+    # carried as a running float32 sum they drifted ~1e-3 nats apart in the two directions at
+    # (32, 250, 32, 60), and 'auto' then fell back to the log recursion on every value-only call
+    # (a compensated running sum costs more per step than the scan's output)
     def carried(carry, xs):
-        x, norm, scale = carry
+        x, norm = carry
         x, _, increment = advance(x, norm, *xs)
-        return (x, row_sum(x, ones), scale + increment), None
+        return (x, row_sum(x, ones)), increment
 
-    carry, _ = jax.lax.scan(carried, (init, norm0, jnp.zeros((num_rows,), jnp.float32)),
-                            (rows, gain, valid, offset))
-    return _normalised_last(*carry), None
+    (x, norm), increments = jax.lax.scan(carried, (init, norm0), (rows, gain, valid, offset))
+    return _normalised_last(x, norm, _centred_total(increments)), None
 
 
 def _normalised_last(x, norm, scale):
