@@ -234,11 +234,15 @@ def _log_infeasible(skips: SkipLog, pending: list, data: RunData, counts: Callab
                     logger: TrainLogger) -> int:
     """Names the train utterances whose labels could not align with the model's frames in the `pending` steps
     (the CTC loss left those rows out); returns how many rows were left out."""
-    audio = {u.id: u.audio_path for u in data.train}
+    audio = None
     n = 0
     for step, ids, flags in pending:
         rows = np.flatnonzero(np.asarray(jax.device_get(flags)) > 0)
+        if not len(rows):
+            continue
         n += len(rows)
+        if audio is None:   # built only when a row was left out (a pass over the whole train split)
+            audio = {u.id: u.audio_path for u in data.train}
         recs = [{"id": str(ids[r]), "audio": audio.get(str(ids[r]), ""), "cause": "infeasible",
                  "reason": "CTC: the label (tokens + repeats) is longer than the model's output frames; left out "
                            "of this step's loss"} for r in rows]
