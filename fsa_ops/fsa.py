@@ -11,23 +11,24 @@ Layout (everyone codes against it):
 - A batch (k2's FsaVec, `create_fsa_vec`) has a leading dim B on every arc array; arc i of FSA b is real iff
   i < num_arcs[b]. Padding arcs have src=dst=0, label=0, score=-inf, attributes 0 (mask them by index).
 - Arrays may be numpy (host ops) or jax (scoring ops). Host ops convert with np.asarray.
+- Ragged attributes (k2's RaggedTensor, e.g. several words on one arc) are `fsa_ops.ragged.Ragged` values in
+  `attrs`: values [..., A, W] and lengths [..., A]; padding arcs have empty rows.
 
-Text (k2's `Fsa.from_str` / `to_str_simple`): one arc per line, `src dst label [aux_label ...] score`, and the
-final state alone on the last line. With `openfst=True`: `src dst label [aux ...] [cost]` arcs and
-`state [cost]` final-state lines (several allowed); costs are negated scores, and a new final state is added
-with label -1 arcs from every OpenFst final state (as k2's `Fsa.from_openfst`).
+Text formats (k2's and OpenFst's) live in `fsa_ops.fsa_text`; `Fsa.from_str` / `to_str` are the entry points.
 """
 from __future__ import annotations
 
-import re
-import warnings
 from typing import Dict, List, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-__all__ = ["Fsa", "create_fsa_vec", "to_str", "to_str_simple", "check_fsa", "get_aux_label_info"]
+from fsa_ops.fsa_text import parse_text, to_str, to_str_simple
+from fsa_ops.ragged import Ragged, is_ragged
+
+__all__ = ["Fsa", "create_fsa_vec", "to_str", "to_str_simple", "check_fsa", "get_aux_label_info", "cat", "index_fsa",
+           "fix_final_labels", "host_attr"]
 
 _CORE = ("src", "dst", "label", "score", "num_states", "num_arcs")
 
@@ -103,14 +104,15 @@ class Fsa:
         attrs = dict(attrs or {})
         if aux_labels is not None:
             attrs["aux_labels"] = aux_labels
-        attrs = {k: np.asarray(v) for k, v in attrs.items()}
-        for k, v in attrs.items():
-            if v.dtype.kind in "iub":
-                attrs[k] = v.astype(np.int32)
+        attrs = {k: host_attr(v) for k, v in attrs.items()}
         n = src.shape[0]
         for name, arr in [("dst", dst), ("label", label), ("score", score)] + [(f"attrs[{k!r}]", v)
                                                                                  for k, v in attrs.items()]:
-            if arr.ndim != 1 or arr.shape[0] != n:
+            if is_ragged(arr):
+                if arr.ndim != 2 or len(arr) != n:
+                    raise ValueError(f"{name}: expected a Ragged with {n} rows (one per arc), got values of shape "
+                                     f"{arr.shape}")
+            elif arr.ndim != 1 or arr.shape[0] != n:
                 raise ValueError(f"{name}: expected shape ({n},) like src, got {arr.shape}")
         if num_states is None:
             num_states = int(max(src.max(), dst.max())) + 1 if n else 0
@@ -125,11 +127,14 @@ class Fsa:
 
     @classmethod
     def from_str(cls, s: str, acceptor: Optional[bool] = None, num_aux_labels: Optional[int] = None,
-                 aux_label_names: Optional[List[str]] = None, openfst: bool = False) -> "Fsa":
-        """Parse k2's text format (or OpenFst's with `openfst=True`); see the module docstring.
+                 aux_label_names: Optional[List[str]] = None, ragged_label_names: Sequence[str] = (),
+                 openfst: bool = False) -> "Fsa":
+        """Parse k2's text format (or OpenFst's with `openfst=True`); see `fsa_ops.fsa_text`.
 
         At most one of `acceptor`, `num_aux_labels`, `aux_label_names` may be given (none: acceptor).
         `acceptor=False` means one aux label named 'aux_labels'; further ones are 'aux_labels2', ....
+        `ragged_label_names`: that many ``[ ... ]`` lists follow the aux labels on every arc line, read as
+        `Ragged` attributes of these names (OpenFst's added final arcs get empty lists).
         An empty string gives the empty FSA. Malformed text raises ValueError naming the line: fields
         must be ASCII integers within int32 (states, labels, aux labels) and ASCII numbers whose value
         fits float32 (scores; ``inf``, ``-inf`` and ``nan`` allowed); lines end at \\n, \\r\\n or
@@ -137,15 +142,13 @@ class Fsa:
         type is a TypeError.
         """
         naux, names = get_aux_label_info(acceptor, num_aux_labels, aux_label_names)
-        lines = _text_lines(s)
-        fast = _parse_fast(lines, naux, names, openfst)
-        return fast if fast is not None else _parse(lines, naux, names, openfst)
+        return cls.from_arcs(**parse_text(s, naux, names, ragged_label_names or (), openfst))
 
     @classmethod
     def from_openfst(cls, s: str, acceptor: Optional[bool] = None, num_aux_labels: Optional[int] = None,
-                     aux_label_names: Optional[List[str]] = None) -> "Fsa":
+                     aux_label_names: Optional[List[str]] = None, ragged_label_names: Sequence[str] = ()) -> "Fsa":
         """`from_str(..., openfst=True)` (k2's `Fsa.from_openfst`)."""
-        return cls.from_str(s, acceptor, num_aux_labels, aux_label_names, openfst=True)
+        return cls.from_str(s, acceptor, num_aux_labels, aux_label_names, ragged_label_names, openfst=True)
 
     @staticmethod
     def from_fsas(fsas: Sequence["Fsa"]) -> "Fsa":
@@ -161,15 +164,71 @@ class Fsa:
     def labels(self):
         return self.label
 
+    @labels.setter
+    def labels(self, value):
+        """k2's setter: int labels of the arc shape; -1 on arcs not entering the final state becomes 0 and 0 on
+        arcs entering it becomes -1 (k2's fix_final_labels); any other label there is a ValueError."""
+        value = _as_int_array(value, "labels")
+        if value.shape != np.shape(self.label):
+            raise ValueError(f"labels: expected shape {np.shape(self.label)}, got {value.shape}")
+        object.__setattr__(self, "label", fix_final_labels(self, value, "labels"))
+        self._props = None
+        check_fsa(self, "labels")
+
     @property
     def scores(self):
         return self.score
+
+    @scores.setter
+    def scores(self, value):
+        if np.shape(value) != np.shape(self.score):
+            raise ValueError(f"scores: expected shape {np.shape(self.score)}, got {np.shape(value)}")
+        object.__setattr__(self, "score", value if _is_jax(value) else np.asarray(value, np.float32))
 
     @property
     def aux_labels(self):
         if "aux_labels" not in self.attrs:
             raise AttributeError("this Fsa has no 'aux_labels' attribute (it is an acceptor)")
         return self.attrs["aux_labels"]
+
+    @aux_labels.setter
+    def aux_labels(self, value):
+        self._set_attr("aux_labels", value)
+
+    # ---- attributes by name (k2: fsa.foo = tensor or RaggedTensor; fsa.foo; del fsa.foo) ----
+    def __getattr__(self, name):
+        if name.startswith("_") or name in Fsa.__slots__:
+            raise AttributeError(name)
+        attrs = object.__getattribute__(self, "attrs")
+        if name in attrs:
+            return attrs[name]
+        raise AttributeError(f"this Fsa has no attribute {name!r} (attributes: {sorted(attrs)})")
+
+    def __setattr__(self, name, value):
+        if name in Fsa.__slots__:
+            object.__setattr__(self, name, value)
+            return
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property):
+            if prop.fset is None:
+                raise AttributeError(f"Fsa.{name} is read-only")
+            prop.fset(self, value)
+            return
+        self._set_attr(name, value)
+
+    def __delattr__(self, name):
+        if name in Fsa.__slots__ or name not in self.attrs:
+            raise AttributeError(f"cannot delete {name!r}: not a per-arc attribute of this Fsa")
+        del self.attrs[name]
+
+    def _set_attr(self, name, value):
+        """Set per-arc attribute `name`: an array [..., A, ...] or a Ragged with the arc shape as rows."""
+        value = value if _is_jax(value) or _is_jax(getattr(value, "values", None)) else host_attr(value)
+        shape = tuple(np.shape(self.label))
+        got = tuple(np.shape(value.lengths)) if is_ragged(value) else tuple(np.shape(value))[:len(shape)]
+        if got != shape:
+            raise ValueError(f"{name}: expected one value (or Ragged row) per arc, shape {shape}, got {got}")
+        self.attrs[name] = value
 
     @property
     def shape(self):
@@ -244,9 +303,30 @@ class Fsa:
         return Fsa(**kw)
 
     def invert(self) -> "Fsa":
-        """Swap labels and aux_labels (k2's `Fsa.invert`)."""
+        """Swap labels and aux_labels (k2's `Fsa.invert`; a ragged aux_labels is expanded first)."""
         from fsa_ops.unary import invert
         return invert(self)
+
+    # ---- scores (thin wrappers of fsa_ops.scores, as k2's Fsa methods) ----
+    def get_forward_scores(self, use_double_scores: bool = True, log_semiring: bool = True):
+        """[..., S] forward scores (see fsa_ops.scores.get_forward_scores)."""
+        from fsa_ops.scores import get_forward_scores
+        return get_forward_scores(self, use_double_scores, log_semiring)
+
+    def get_backward_scores(self, use_double_scores: bool = True, log_semiring: bool = True):
+        """[..., S] backward scores (see fsa_ops.scores.get_backward_scores)."""
+        from fsa_ops.scores import get_backward_scores
+        return get_backward_scores(self, use_double_scores, log_semiring)
+
+    def get_tot_scores(self, use_double_scores: bool = True, log_semiring: bool = True):
+        """[...] total scores (see fsa_ops.scores.get_tot_scores)."""
+        from fsa_ops.scores import get_tot_scores
+        return get_tot_scores(self, use_double_scores, log_semiring)
+
+    def get_arc_post(self, use_double_scores: bool = True, log_semiring: bool = True):
+        """[..., A] arc posteriors (see fsa_ops.scores.get_arc_post)."""
+        from fsa_ops.scores import get_arc_post
+        return get_arc_post(self, use_double_scores, log_semiring)
 
     def as_dict(self) -> Dict[str, np.ndarray]:
         """numpy arrays for saving (e.g. np.savez(path, **fsa.as_dict())), k2-style: 'arcs' ([..., A, 4]
@@ -254,16 +334,28 @@ class Fsa:
         d = {"arcs": self.arcs, "num_states": np.asarray(self.num_states, np.int32),
              "num_arcs": np.asarray(self.num_arcs, np.int32), "max_states": np.asarray(self.max_states, np.int32)}
         for k, v in self.attrs.items():
-            if k in d:
-                raise ValueError(f"attribute name {k!r} clashes with a reserved key of as_dict")
-            d[k] = np.asarray(v)
+            keys = (k + ".values", k + ".lengths") if is_ragged(v) else (k,)
+            if any(key in d for key in keys) or k.endswith((".values", ".lengths")):
+                raise ValueError(f"attribute name {k!r} clashes with a key of as_dict")
+            if is_ragged(v):
+                d[keys[0]], d[keys[1]] = np.asarray(v.values), np.asarray(v.lengths)
+            else:
+                d[k] = np.asarray(v)
         return d
 
     @classmethod
     def from_dict(cls, d) -> "Fsa":
-        """Inverse of `as_dict` (also accepts an np.load result); validates."""
+        """Inverse of `as_dict` (also accepts an np.load result); validates. A Ragged attribute `k` is stored as
+        'k.values' and 'k.lengths'."""
         arcs = np.asarray(d["arcs"], np.int32)
-        attrs = {k: np.asarray(d[k]) for k in d if k not in ("arcs", "num_states", "num_arcs", "max_states")}
+        keys = [k for k in d if k not in ("arcs", "num_states", "num_arcs", "max_states")]
+        attrs = {k: np.asarray(d[k]) for k in keys if not k.endswith((".values", ".lengths"))}
+        for k in keys:
+            if k.endswith(".values"):
+                name = k[:-len(".values")]
+                if name + ".lengths" not in d:
+                    raise ValueError(f"from_dict: {k!r} without {name + '.lengths'!r}")
+                attrs[name] = Ragged(np.asarray(d[k], np.int32), np.asarray(d[name + ".lengths"], np.int32))
         fsa = cls(arcs[..., 0], arcs[..., 1], arcs[..., 2], np.ascontiguousarray(arcs[..., 3]).view(np.float32),
                   np.asarray(d["num_states"], np.int32), np.asarray(d["num_arcs"], np.int32), attrs,
                   max_states=int(np.asarray(d["max_states"])))
@@ -340,7 +432,14 @@ def check_fsa(fsa: Fsa, name: str = "fsa") -> None:
         if a.shape != label.shape:
             raise ValueError(f"{name}: {nm} has shape {a.shape}, label has {label.shape}")
     for k, v in fsa.attrs.items():
-        if np.shape(v)[:label.ndim] != label.shape:
+        if is_ragged(v):
+            vals, lens = np.asarray(v.values), np.asarray(v.lengths)
+            if lens.shape != label.shape or vals.shape[:-1] != label.shape or vals.ndim != label.ndim + 1:
+                raise ValueError(f"{name}: Ragged attribute {k!r} has values {vals.shape} and lengths {lens.shape}; "
+                                 f"arcs have {label.shape} (rows must match the arcs)")
+            if lens.size and (lens.min() < 0 or lens.max() > vals.shape[-1]):
+                raise ValueError(f"{name}: Ragged attribute {k!r} has row lengths outside [0, {vals.shape[-1]}]")
+        elif np.shape(v)[:label.ndim] != label.shape:
             raise ValueError(f"{name}: attribute {k!r} has shape {np.shape(v)}, arcs have {label.shape}")
     lead = label.shape[:-1]
     if ns.shape != lead or na.shape != lead:
@@ -417,11 +516,17 @@ def create_fsa_vec(fsas: Sequence[Fsa], pad_arcs_to: Optional[int] = None,
     score = np.full((B, A), -np.inf, np.float32)
     attrs = {}
     for k in names:
-        vs = [np.asarray(f.attrs[k]) for f in flat]
+        vs = [host_attr(f.attrs[k]) for f in flat]
+        if len({is_ragged(v) for v in vs}) != 1:
+            raise ValueError(f"attribute {k!r} is a Ragged in some FSAs and an array in others")
+        if is_ragged(vs[0]):
+            w = max(v.width for v in vs)
+            attrs[k] = Ragged(np.zeros((B, A, w), np.int32), np.zeros((B, A), np.int32))  # padding: empty rows
+            continue
         if len({v.ndim for v in vs}) != 1:
             raise ValueError(f"attribute {k!r} has different numbers of dimensions across the FSAs")
         trail = tuple(np.max([v.shape[1:] for v in vs], axis=0).tolist()) if vs[0].ndim > 1 else ()
-        attrs[k] = np.zeros((B, A) + trail, vs[0].dtype)  # trailing dims (ragged as padded) pad with 0
+        attrs[k] = np.zeros((B, A) + trail, vs[0].dtype)  # trailing dims (padded lists) pad with 0
     for b, f in enumerate(flat):
         n = na[b]
         src[b, :n] = np.asarray(f.src)
@@ -429,313 +534,103 @@ def create_fsa_vec(fsas: Sequence[Fsa], pad_arcs_to: Optional[int] = None,
         label[b, :n] = np.asarray(f.label)
         score[b, :n] = np.asarray(f.score)
         for k in names:
-            v = np.asarray(f.attrs[k])
+            v = f.attrs[k]
+            if is_ragged(v):
+                vals = np.asarray(v.values)
+                attrs[k].values[b, :n, :vals.shape[-1]] = vals
+                attrs[k].lengths[b, :n] = np.asarray(v.lengths)
+                continue
+            v = np.asarray(v)
             attrs[k][(b, slice(0, n)) + tuple(slice(0, d) for d in v.shape[1:])] = v
     return Fsa(src, dst, label, score, ns, na, attrs, max_states=S)
 
 
-# ------------------------------------------------------------------ text
-def _fmt_float(x) -> str:
-    s = str(np.float32(x))  # shortest repr that round-trips float32
-    if s.endswith(".0"):
-        s = s[:-2]
-    return "0" if s == "-0" else s
+def cat(fsas: Sequence[Fsa]) -> Fsa:
+    """Concatenate FsaVecs along the FSA axis (k2's `k2.cat`): arcs padded to the widest, max_states the
+    largest; only the attributes that every input has are kept (k2 keeps the common ones). Numpy or jax
+    inputs (all of one kind); jax arrays give a jax result (usable under jit)."""
+    fsas = list(fsas)
+    if not fsas:
+        raise ValueError("cat: fsas is empty")
+    for i, f in enumerate(fsas):
+        if not isinstance(f, Fsa):
+            raise TypeError(f"cat: fsas[{i}]: expected an Fsa, got {type(f).__name__}")
+        if not f.is_batch:
+            raise ValueError(f"cat: fsas[{i}] is a single Fsa; k2's cat takes FsaVecs (use create_fsa_vec)")
+    xp = jnp if any(_is_jax(f.label) for f in fsas) else np
+    names = sorted(set.intersection(*[set(f.attrs) for f in fsas]))
+    A = max(f.label.shape[1] for f in fsas)
+    S = max(f.max_states for f in fsas)
+
+    def pad(x, fill, axis_len=A):
+        extra = [(0, 0)] * x.ndim
+        extra[1] = (0, axis_len - x.shape[1])
+        return xp.pad(x, extra, constant_values=fill)
+
+    def join(parts, fill):
+        return xp.concatenate([pad(p, fill) for p in parts], axis=0)
+
+    core = {k: join([getattr(f, k) for f in fsas], fill) for k, fill in
+            (("src", 0), ("dst", 0), ("label", 0), ("score", -np.inf))}
+    attrs = {}
+    for k in names:
+        vs = [f.attrs[k] for f in fsas]
+        if any(is_ragged(v) for v in vs):
+            if not all(is_ragged(v) for v in vs):
+                raise ValueError(f"cat: attribute {k!r} is a Ragged in some inputs and an array in others")
+            w = max(v.width for v in vs)
+            vals = [xp.pad(v.values, [(0, 0), (0, A - v.values.shape[1]), (0, w - v.width)]) for v in vs]
+            attrs[k] = Ragged(xp.concatenate(vals), join([v.lengths for v in vs], 0))
+        else:
+            trail = [max(np.shape(v)[d] for v in vs) for d in range(2, np.ndim(vs[0]))]
+            vs = [xp.pad(v, [(0, 0), (0, A - np.shape(v)[1])] + [(0, t - np.shape(v)[2 + j])
+                                                                 for j, t in enumerate(trail)]) for v in vs]
+            attrs[k] = xp.concatenate(vs)
+    return Fsa(core["src"], core["dst"], core["label"], core["score"],
+               xp.concatenate([f.num_states for f in fsas]), xp.concatenate([f.num_arcs for f in fsas]), attrs,
+               max_states=S)
 
 
-def to_str(fsa: Fsa, openfst: bool = False) -> str:
-    """k2's `to_str_simple`: the text `Fsa.from_str` reads back (integer attributes printed as aux labels in
-    sorted-name order, as k2). `openfst=True`: costs (negated scores), label -1 arcs as final-state lines."""
-    if fsa.is_batch:
-        return "".join(to_str(f, openfst) for f in fsa)
-    ns = int(fsa.num_states)
-    if ns == 0:
-        return ""
-    src, dst, label = (np.asarray(x).tolist() for x in (fsa.src, fsa.dst, fsa.label))
-    score = np.asarray(fsa.score, np.float32)
-    if openfst:
-        score = -score
-    extra = [np.asarray(fsa.attrs[k]).tolist() for k in sorted(fsa.attrs)
-             if np.asarray(fsa.attrs[k]).dtype.kind in "iu" and np.ndim(fsa.attrs[k]) == 1]
-    sc = [_fmt_float(x) for x in score]
-    final = ns - 1
-    lines = []
-    for i in range(len(src)):
-        if openfst and label[i] == -1 and dst[i] == final:
-            lines.append(f"{src[i]} {sc[i]}")
-            continue
-        fields = [str(src[i]), str(dst[i]), str(label[i])] + [str(e[i]) for e in extra] + [sc[i]]
-        lines.append(" ".join(fields))
-    if not openfst:
-        lines.append(str(final))
-    return "\n".join(lines) + "\n"
+def index_fsa(src: Fsa, indexes) -> Fsa:
+    """The FsaVec of FSAs `src[indexes[i]]` (k2's `k2.index_fsa`): int[N] indexes into the batch (repeats
+    allowed). Keeps `src`'s padding (arcs A, max_states), so that with jax arrays it runs under jit and
+    gradients flow back to `src`'s scores; see `Fsa.__getitem__` for a trimmed host copy."""
+    if not isinstance(src, Fsa) or not src.is_batch:
+        raise ValueError("index_fsa: src must be an FsaVec (a batch Fsa)")
+    if not _is_jax(indexes):
+        idx = np.asarray(indexes)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ValueError(f"index_fsa: indexes must be a 1-D integer array, got shape {idx.shape} {idx.dtype}")
+        B = len(src)
+        if idx.size and (idx.min() < 0 or idx.max() >= B):
+            raise ValueError(f"index_fsa: indexes must lie in [0, {B}), got {idx.min()}..{idx.max()}")
+        indexes = idx.astype(np.int64)
+    return tree_util.tree_map(lambda x: x[indexes], src)
 
 
-to_str_simple = to_str
-
-
-# Text fields: ASCII integers (optionally signed) in int32, and ASCII floats as Python writes them
-# (``inf`` / ``nan`` included) whose value fits float32. Anything else is an error naming the line.
-_INT = r"[+-]?[0-9]+"
-_FLOAT = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)"
-_INT_RE = re.compile(_INT, re.ASCII)
-_FLOAT_RE = re.compile(_FLOAT, re.ASCII | re.IGNORECASE)
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_INT32 = np.iinfo(np.int32)
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-# byte classes of the fast parser's check: 0 blank, 1 integer character, 2 other float character, 3 other
-_BYTE_CLASS = np.full(256, 3, np.uint8)
-_BYTE_CLASS[list(b" \t\n")] = 0
-_BYTE_CLASS[list(b"0123456789+-")] = 1
-_BYTE_CLASS[list(b".eEinfatyINFATY")] = 2
-
-
-def _strict_columns(text: str, fields: int) -> bool:
-    """Whether `text` (lines joined by \\n, each of exactly `fields` blank-separated tokens, as
-    counted before) holds only ASCII integer characters in its first fields - 1 columns and float
-    characters in its last: vectorised over the bytes, so that the C number parser, which also
-    reads 1.0 or 1e0 as an integer and nan(1) as a number, only ever sees what the line parser
-    accepts."""
-    try:
-        cls = _BYTE_CLASS[np.frombuffer(text.encode("ascii"), np.uint8)]
-    except UnicodeEncodeError:
-        return False
-    if np.any(cls == 3):
-        return False
-    float_only = np.flatnonzero(cls == 2)
-    if float_only.size == 0:
-        return True
-    blank = cls == 0
-    start = ~blank
-    start[1:] &= blank[:-1]
-    token = np.cumsum(start)[float_only] - 1          # tokens run on across lines: `fields` per line
-    return bool(np.all(token % fields == fields - 1))
-
-
-def _text_lines(s) -> List[str]:
-    """The lines of `s` (str, or UTF-8 bytes) split at \\n, \\r\\n or \\r, as editors number them."""
-    if isinstance(s, (bytes, bytearray, memoryview)):
-        data = bytes(s)
-        try:
-            s = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise ValueError(f"line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset "
-                             f"{e.start})") from None
-    if not isinstance(s, str):
-        raise TypeError(f"Fsa.from_str: expected the text as str (or UTF-8 bytes), got {type(s).__name__}")
-    return _LINE_BREAK.split(s) if "\r" in s else s.split("\n")
-
-
-def _int_field(tok: str) -> int:
-    if not _INT_RE.fullmatch(tok):
-        raise ValueError(f"non-numeric field {tok!r} (an integer is expected)")
-    value = int(tok)
-    if not _INT32.min <= value <= _INT32.max:
-        raise ValueError(f"{tok} is outside the int32 range")
-    return value
-
-
-def _float_field(tok: str) -> float:
-    if not _FLOAT_RE.fullmatch(tok):
-        raise ValueError(f"non-numeric field {tok!r} (a number is expected)")
-    value = float(tok)
-    if abs(value) > _FLOAT32_MAX and not tok.lstrip("+-")[:1] in "iI":
-        raise ValueError(f"{tok} overflows float32 (write inf or -inf for an infinite score)")
-    return value
-
-
-def _numbers(text: str, n: int) -> np.ndarray:
-    """All whitespace-separated numbers of `text` as float64 (C parser); ValueError unless exactly n."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = np.fromstring(text, dtype=np.float64, sep=" ")
-    if out.size != n:
-        raise ValueError("unparsable text")
+def fix_final_labels(fsa: Fsa, labels, name: str = "labels") -> np.ndarray:
+    """k2's FixFinalLabels on host arrays (labels int[..., A], the arc shape of `fsa`): -1 on arcs into the final
+    state, and -1 turned to 0 elsewhere; arcs into the final state may hold only -1 or 0 (else ValueError)."""
+    labels = np.asarray(labels, np.int32)
+    ns = np.asarray(fsa.num_states)
+    into_final = np.asarray(fsa.dst) == (ns[..., None] if ns.ndim else ns) - 1
+    bad = into_final & (labels != -1) & (labels != 0)
+    if labels.ndim == 2:
+        bad &= np.arange(labels.shape[1]) < np.asarray(fsa.num_arcs)[:, None]
+    if bad.any():
+        raise ValueError(f"{name}: arc {np.argwhere(bad)[0].tolist()} enters the final state with label "
+                         f"{int(labels[bad][0])}; only -1 (or 0, made -1) may go there")
+    out = np.where(into_final, -1, np.where(labels == -1, 0, labels)).astype(np.int32)
+    if labels.ndim == 2:   # padding arcs (src = dst = 0) keep their label 0
+        out = np.where(np.arange(labels.shape[1]) < np.asarray(fsa.num_arcs)[:, None], out, labels)
     return out
 
 
-def _ints(x: np.ndarray) -> np.ndarray:
-    """Integer columns parsed as float64 must be exact int32 integers (else ValueError)."""
-    if not np.all(np.isfinite(x)) or np.any(np.floor(x) != x) or np.any(np.abs(x) > _INT32.max):
-        raise ValueError("non-integer field")
-    return x.astype(np.int64)
+def host_attr(v):
+    """An attribute value as numpy: a Ragged with int32 numpy arrays, integer/bool arrays as int32."""
+    if is_ragged(v):
+        return v.numpy()
+    v = np.asarray(v)
+    return v.astype(np.int32) if v.dtype.kind in "iub" else v
 
 
-def _scores(x: np.ndarray) -> np.ndarray:
-    """Float64 scores as float32; ValueError for values beyond float32's range, and for infinities
-    (the C parser also turns 1e400 into inf: the line parser tells the literals apart)."""
-    if np.any(np.abs(x) > _FLOAT32_MAX):
-        raise ValueError("score overflows float32")
-    return x.astype(np.float32)
-
-
-def _parse_fast(lines: List[str], naux: int, names: List[str], openfst: bool) -> Optional[Fsa]:
-    """Vectorised parser for well-formed text; returns None (the line-by-line parser then reports the
-    problem with its line number) on anything unusual: before the C number parser reads the arcs,
-    `_strict_columns` checks that they hold only what the line parser accepts."""
-    lines = [ln for ln in lines if ln.strip()]
-    if len(lines) < 2:
-        return None
-    counts = np.fromiter((len(ln.split()) for ln in lines), np.int64, len(lines))
-    arc_fields = 4 + naux
-    try:
-        if not openfst:
-            if counts[-1] != 1 or np.any(counts[:-1] != arc_fields):
-                return None
-            text = "\n".join(lines[:-1])
-            if not _INT_RE.fullmatch(lines[-1].strip()) or not _strict_columns(text, arc_fields):
-                return None
-            tok = _numbers(text, arc_fields * (len(lines) - 1)).reshape(-1, arc_fields)
-            final_state = int(lines[-1])
-            ints = _ints(tok[:, :3 + naux])
-            score = _scores(tok[:, -1])
-            ns = final_state + 1
-        else:
-            fin = counts <= 2
-            arcs = ~fin
-            if np.any(counts[arcs] != arc_fields) or not fin.any():
-                return None
-            idx_a, idx_f = np.nonzero(arcs)[0], np.nonzero(fin)[0]
-            text = "\n".join([lines[i] for i in idx_a])
-            final_re = re.compile(rf"[ \t]*{_INT}(?:[ \t]+{_FLOAT})?[ \t]*", re.ASCII | re.IGNORECASE)
-            if ((len(idx_a) and not _strict_columns(text, arc_fields))
-                    or not all(final_re.fullmatch(lines[i]) for i in idx_f)):
-                return None
-            tok = _numbers(text, arc_fields * len(idx_a)).reshape(-1, arc_fields)
-            ints = _ints(tok[:, :3 + naux])
-            score = -_scores(tok[:, -1])
-            ftok = [lines[i].split() for i in idx_f]
-            fst = np.array([int(t[0]) for t in ftok], np.int64)
-            fsc = np.array([-float(t[1]) if len(t) == 2 else 0.0 for t in ftok], np.float64)
-            fsc = _scores(fsc)
-            if np.any(ints[:, :2] < 0) or np.any(fst < 0) or np.any(ints[:, 2] == -1):
-                return None
-            final_state = int(max(ints[:, :2].max(initial=0), fst.max())) + 1
-            extra = np.zeros((len(fst), 3 + naux), np.int64)
-            extra[:, 0], extra[:, 1], extra[:, 2:] = fst, final_state, -1
-            # final-weight arcs go after the other arcs of their state (stable sort below)
-            ints = np.concatenate([ints, extra])
-            score = np.concatenate([score, fsc])
-            ns = final_state + 1
-    except (ValueError, OverflowError):
-        return None
-    if np.any(np.abs(ints) > _INT32.max) or ns > _INT32.max:
-        return None
-    src, dst, lab = ints[:, 0], ints[:, 1], ints[:, 2]
-    final = ns - 1
-    if (final < 0 or np.any((src < 0) | (dst < 0) | (src > final) | (dst > final)) or np.any(src == final)
-            or np.any((lab == -1) != (dst == final))):
-        return None
-    attrs = {nm: ints[:, 3 + j].astype(np.int32) for j, nm in enumerate(names)}
-    return Fsa.from_arcs(src.astype(np.int32), dst.astype(np.int32), lab.astype(np.int32), score, num_states=ns,
-                         attrs=attrs)
-
-
-def _parse(lines: List[str], naux: int, names: List[str], openfst: bool) -> Fsa:
-    arc_fields = 4 + naux
-    srcs, dsts, labs, scs = [], [], [], []
-    auxs: List[List[int]] = []
-    arc_line = []
-    finals = []  # (line_no, state, score)
-    final_state = None
-    final_line = None
-
-    def bad(ln, msg, text):
-        return ValueError(f"line {ln}: {msg}: {text.strip()!r}")
-
-    for ln, line in enumerate(lines, 1):
-        f = line.split()
-        if not f:
-            continue
-        if final_state is not None and not openfst:
-            raise bad(ln, f"text after the final-state line (line {final_line})", line)
-        try:
-            if openfst and len(f) in (1, 2):
-                st = _int_field(f[0])
-                finals.append((ln, st, -_float_field(f[1]) if len(f) == 2 else 0.0))
-                continue
-            if not openfst and len(f) == 1:
-                final_state, final_line = _int_field(f[0]), ln
-                continue
-            ok = len(f) == arc_fields or (openfst and len(f) == arc_fields - 1)
-            if not ok:
-                want = f"{arc_fields}" + (f" or {arc_fields - 1}" if openfst else "")
-                raise bad(ln, f"expected {want} fields (src dst label{' aux_label' * naux} "
-                              f"{'[cost]' if openfst else 'score'}) or a final-state line, got {len(f)}", line)
-            a, d, lab = _int_field(f[0]), _int_field(f[1]), _int_field(f[2])
-            au = [_int_field(x) for x in f[3:3 + naux]]
-            sc = _float_field(f[3 + naux]) if len(f) == arc_fields else 0.0
-        except ValueError as e:
-            if str(e).startswith("line "):
-                raise
-            raise bad(ln, str(e), line) from None
-        srcs.append(a)
-        dsts.append(d)
-        labs.append(lab)
-        scs.append(-sc if openfst else sc)
-        auxs.append(au)
-        arc_line.append(ln)
-
-    if openfst:
-        if not srcs and not finals:
-            return _empty(names)
-        for i, (a, d) in enumerate(zip(srcs, dsts)):
-            if a < 0 or d < 0:
-                raise ValueError(f"line {arc_line[i]}: negative state number in arc {a}->{d}")
-        for ln, st, _ in finals:
-            if st < 0:
-                raise ValueError(f"line {ln}: negative final state {st}")
-        states = srcs + dsts + [st for _, st, _ in finals]
-        final_state = max(states) + 1
-        if final_state >= _INT32.max:
-            ln = max([(a, ln) for a, ln in zip(srcs + dsts, arc_line + arc_line)] +
-                     [(st, ln) for ln, st, _ in finals])[1]
-            raise ValueError(f"line {ln}: state {final_state - 1} leaves no room for the added final state "
-                             f"{final_state} in int32")
-        for ln, st, sc in finals:
-            srcs.append(st)
-            dsts.append(final_state)
-            labs.append(-1)
-            scs.append(sc)
-            auxs.append([-1] * naux)
-            arc_line.append(ln)
-        for i in range(len(srcs) - len(finals)):
-            if labs[i] == -1:
-                raise ValueError(f"line {arc_line[i]}: label -1 is reserved for arcs into the final state "
-                                 f"(OpenFst text marks final states with 'state [cost]' lines)")
-    else:
-        if final_state is None:
-            if not srcs:
-                return _empty(names)
-            raise ValueError(f"line {arc_line[-1] + 1}: missing the final-state line (a single state number "
-                             f"after the arcs)")
-        if final_state < 0:
-            raise ValueError(f"line {final_line}: negative final state {final_state}")
-        if final_state >= _INT32.max:
-            raise ValueError(f"line {final_line}: final state {final_state}: the number of states "
-                             f"{final_state + 1} is outside int32")
-        for i in range(len(srcs)):
-            ln, a, d = arc_line[i], srcs[i], dsts[i]
-            if a < 0 or d < 0 or a > final_state or d > final_state:
-                raise ValueError(f"line {ln}: state out of range: arc {a}->{d} but the final state is "
-                                 f"{final_state} (line {final_line})")
-            if a == final_state:
-                raise ValueError(f"line {ln}: arc leaves the final state {final_state}")
-            if labs[i] == -1 and d != final_state:
-                raise ValueError(f"line {ln}: label -1 on an arc to state {d}, not the final state {final_state}")
-            if labs[i] != -1 and d == final_state:
-                raise ValueError(f"line {ln}: arc into the final state {final_state} has label {labs[i]} "
-                                 f"(must be -1)")
-    n = len(srcs)
-    aux_arr = np.array(auxs, np.int32).reshape(n, naux)
-    attrs = {nm: aux_arr[:, j] for j, nm in enumerate(names)}
-    return Fsa.from_arcs(np.array(srcs, np.int32), np.array(dsts, np.int32), np.array(labs, np.int32),
-                         np.array(scs, np.float32), num_states=final_state + 1, attrs=attrs)
-
-
-def _empty(names) -> Fsa:
-    z = np.zeros(0, np.int32)
-    return Fsa(z, z.copy(), z.copy(), np.zeros(0, np.float32), np.asarray(0, np.int32),
-               np.asarray(0, np.int32), {n: z.copy() for n in names}, max_states=0)

@@ -1,11 +1,16 @@
-"""Helpers shared by the host-side (numpy) FSA ops: conversion, batching, attribute maps, renumbering."""
+"""Helpers shared by the host-side (numpy) FSA ops: conversion, batching, attribute maps, renumbering.
+
+Attribute values may be arrays [A, ...] or `Ragged` (rows per arc): `index_attr`, `from_arc_map`, `build`,
+`empty_like` and `renumber` move Ragged rows with the arcs (an arc map entry -1 gives an empty row).
+"""
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec
+from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec, host_attr
+from fsa_ops.ragged import Ragged, is_ragged
 
 
 def as_numpy(fsa: Fsa, name: str = "fsa") -> Fsa:
@@ -15,7 +20,8 @@ def as_numpy(fsa: Fsa, name: str = "fsa") -> Fsa:
     check_fsa(fsa, name)
     return Fsa(np.asarray(fsa.src), np.asarray(fsa.dst), np.asarray(fsa.label), np.asarray(fsa.score),
                np.asarray(fsa.num_states), np.asarray(fsa.num_arcs),
-               {k: np.asarray(v) for k, v in fsa.attrs.items()}, max_states=fsa.max_states)
+               {k: v.numpy() if is_ragged(v) else np.asarray(v) for k, v in fsa.attrs.items()},
+               max_states=fsa.max_states)
 
 
 def map_fsas(fn: Callable[[Fsa], Fsa], fsa: Fsa, name: str = "fsa") -> Fsa:
@@ -26,10 +32,13 @@ def map_fsas(fn: Callable[[Fsa], Fsa], fsa: Fsa, name: str = "fsa") -> Fsa:
     return fn(fsa)
 
 
-def index_attr(value: np.ndarray, arc_map: np.ndarray, filler=0) -> np.ndarray:
-    """value[arc_map] with `filler` where arc_map == -1 (k2's index_select default)."""
-    value = np.asarray(value)
+def index_attr(value, arc_map: np.ndarray, filler=0):
+    """value[arc_map] with `filler` where arc_map == -1 (k2's index_select default); for a Ragged value
+    ([A, W], one FSA's arcs), rows arc_map with an empty row where arc_map == -1 (k2's RaggedTensor.index)."""
     arc_map = np.asarray(arc_map, np.int64)
+    if is_ragged(value):
+        return value.take(arc_map)
+    value = np.asarray(value)
     if value.shape[0] == 0:
         return np.full((len(arc_map),) + value.shape[1:], filler, value.dtype)
     out = value[np.maximum(arc_map, 0)]
@@ -44,22 +53,23 @@ def build(src, dst, label, score, num_states: int, attrs: Optional[Dict[str, np.
     n = len(src)
     out_attrs = {}
     for k, v in (attrs or {}).items():
-        v = np.asarray(v)
-        out_attrs[k] = v.astype(np.int32) if v.dtype.kind in "iub" else v
+        out_attrs[k] = host_attr(v)
     return Fsa(np.asarray(src, np.int32).reshape(n), np.asarray(dst, np.int32).reshape(n),
                np.asarray(label, np.int32).reshape(n), np.asarray(score, np.float32).reshape(n),
                np.asarray(num_states, np.int32), np.asarray(n, np.int32), out_attrs, max_states=int(num_states))
 
 
 def from_arc_map(fsa: Fsa, arc_map, src, dst, label, score, num_states: int, skip=()) -> Fsa:
-    """New Fsa whose arcs come from `fsa` via arc_map (-1: new arc, attributes get the filler 0)."""
+    """New Fsa whose arcs come from `fsa` via arc_map (-1: new arc, attributes get the filler 0, Ragged ones an
+    empty row); attributes named in `skip` are left out."""
     attrs = {k: index_attr(v, arc_map) for k, v in fsa.attrs.items() if k not in skip}
     return build(src, dst, label, score, num_states, attrs)
 
 
 def empty_like(fsa: Fsa) -> Fsa:
     """The empty FSA (0 states) with the same attribute names and dtypes."""
-    attrs = {k: np.zeros((0,) + np.shape(v)[1:], np.asarray(v).dtype) for k, v in fsa.attrs.items()}
+    attrs = {k: Ragged(np.zeros((0, v.width), np.int32), np.zeros(0, np.int32)) if is_ragged(v)
+             else np.zeros((0,) + np.shape(v)[1:], np.asarray(v).dtype) for k, v in fsa.attrs.items()}
     return build([], [], [], [], 0, attrs)
 
 
@@ -85,3 +95,21 @@ def renumber(fsa: Fsa, order: np.ndarray, keep_arc: Optional[np.ndarray] = None,
     out = from_arc_map(fsa, arc_map, nsrc[perm], new_id[dst[arc_map]], fsa.label[arc_map],
                        fsa.score[arc_map], len(order))
     return (out, arc_map.astype(np.int32)) if ret_arc_map else out
+
+
+def pad_arc_maps(maps, num_arcs: int) -> np.ndarray:
+    """Per-FSA arc maps (int[A_b] each) as one int32[B, num_arcs] array padded with -1 (a batch's arc_map)."""
+    out = np.full((len(maps), num_arcs), -1, np.int32)
+    for b, m in enumerate(maps):
+        out[b, :len(m)] = m
+    return out
+
+
+def flat_attr(value):
+    """A batch attribute [B, A, ...] (array or Ragged) flattened to rows [B * A, ...], e.g. to index it with
+    flat arc ids b * A + i."""
+    if is_ragged(value):
+        v = value.numpy()
+        return Ragged(v.values.reshape(-1, v.width), v.lengths.reshape(-1))
+    v = np.asarray(value)
+    return v.reshape((-1,) + v.shape[2:])
