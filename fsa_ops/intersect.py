@@ -6,8 +6,9 @@ both inputs have epsilons, a path can appear more than once (no epsilon filter, 
 equivalent in the tropical semiring, and in the log semiring when at most one side has epsilons.
 With False, 0 is an ordinary symbol. Label -1 matches only -1.
 
-Attributes (k2's rules): an attribute on one side only is copied via its arc map (0 where that side has no
-arc); on both sides, float attributes are summed and integer ones dropped. Scores are summed.
+Attributes (k2's rules): an attribute on one side only is copied via its arc map (0, or an empty row for a
+`Ragged` attribute, where that side has no arc); on both sides, float attributes are summed and any other
+kind raises ValueError (as k2's code). Scores are summed.
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from typing import Optional
 import numpy as np
 
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.host import as_numpy, build, empty_like, index_attr
+from fsa_ops.host import build, index_attr
+from fsa_ops.ragged import Ragged
+from fsa_ops.remove_epsilon import numpy_with_ragged
 from fsa_ops.sort import arc_sort
 from fsa_ops.unary import invert
 
@@ -106,34 +109,39 @@ def _intersect_one(a: Fsa, b: Fsa, eps: bool):
             n_states, np.array(m_a, np.int64), np.array(m_b, np.int64))
 
 
+def _is_float(v) -> bool:
+    return not isinstance(v, Ragged) and np.asarray(v).dtype.kind == "f"
+
+
+def _take(v, arc_map):
+    return v.take(arc_map) if isinstance(v, Ragged) else index_attr(v, arc_map)
+
+
+def _check_shared_attrs(a: Fsa, b: Fsa):
+    for k in a.attrs:
+        if k in b.attrs and not (_is_float(a.attrs[k]) and _is_float(b.attrs[k])):
+            raise ValueError(f"intersect: attribute {k!r} is on both a_fsa and b_fsa and is not float on both; "
+                             f"only float attributes can be combined (summed), as in k2: remove or rename one")
+
+
 def _attrs(a: Fsa, b: Fsa, ma, mb):
     out = {}
     for k, v in a.attrs.items():
-        if k in b.attrs:
-            if np.asarray(v).dtype.kind == "f" and np.asarray(b.attrs[k]).dtype.kind == "f":
-                out[k] = index_attr(v, ma) + index_attr(b.attrs[k], mb)
-        else:
-            out[k] = index_attr(v, ma)
+        out[k] = _take(v, ma) + _take(b.attrs[k], mb) if k in b.attrs else _take(v, ma)
     for k, v in b.attrs.items():
         if k not in a.attrs:
-            out[k] = index_attr(v, mb)
+            out[k] = _take(v, mb)
     return out
 
 
 def _pair(a: Fsa, b: Fsa, eps: bool, ret):
     r = _intersect_one(a, b, eps)
     if r is None:
-        names = {k: v for k, v in a.attrs.items()}
-        for k, v in b.attrs.items():
-            if k in names and not (np.asarray(v).dtype.kind == "f" and np.asarray(names[k]).dtype.kind == "f"):
-                names.pop(k)
-            else:
-                names.setdefault(k, v)
-        e = empty_like(Fsa(a.src, a.dst, a.label, a.score, a.num_states, a.num_arcs, names))
-        z = np.zeros(0, np.int32)
-        return (e, z, z) if ret else e
+        z = np.zeros(0, np.int64)
+        e = build(z, z, z, z, 0, {}).replace(attrs=_attrs(a, b, z, z))
+        return (e, z.astype(np.int32), z.astype(np.int32)) if ret else e
     src, dst, lab, sc, ns, ma, mb = r
-    out = build(src, dst, lab, sc, ns, _attrs(a, b, ma, mb))
+    out = build(src, dst, lab, sc, ns, {}).replace(attrs=_attrs(a, b, ma, mb))
     return (out, ma.astype(np.int32), mb.astype(np.int32)) if ret else out
 
 
@@ -145,8 +153,9 @@ def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True, ret
     breadth-first discovery order from (0, 0), the final pair last; unreachable pairs never appear, but
     dead ends may (call connect). No accepting path gives the empty FSA. `ret_arc_maps`: also a_arc_map and
     b_arc_map (-1 where that side contributed no arc; per-FSA indexes, -1 padded for batches)."""
-    a = as_numpy(a_fsa, "a_fsa")
-    b = as_numpy(b_fsa, "b_fsa")
+    a = numpy_with_ragged(a_fsa, "a_fsa")
+    b = numpy_with_ragged(b_fsa, "b_fsa")
+    _check_shared_attrs(a, b)
     if treat_epsilons_specially:
         for nm, f in (("a_fsa", a), ("b_fsa", b)):
             for g in (f if f.is_batch else [f]):
@@ -181,10 +190,11 @@ def compose(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
     Implemented as k2: intersect(arc_sort(invert(a_fsa)), b_fsa), then the result's labels are a_fsa's input
     labels and its aux_labels are b_fsa's aux_labels (or the matched labels if b_fsa is an acceptor);
     `inner_labels` names an attribute that receives the matched labels. b_fsa must be arc-sorted."""
-    a = as_numpy(a_fsa, "a_fsa")
-    b = as_numpy(b_fsa, "b_fsa")
-    if "aux_labels" not in a.attrs or np.asarray(a.attrs["aux_labels"]).ndim != a.label.ndim:
-        raise ValueError("compose: a_fsa must have aux_labels (one per arc)")
+    a = numpy_with_ragged(a_fsa, "a_fsa")
+    b = numpy_with_ragged(b_fsa, "b_fsa")
+    if "aux_labels" not in a.attrs or isinstance(a.attrs["aux_labels"], Ragged) \
+            or np.asarray(a.attrs["aux_labels"]).ndim != a.label.ndim:
+        raise ValueError("compose: a_fsa must have aux_labels with one label per arc (not Ragged, as k2)")
     if "left_labels" in a.attrs or "left_labels" in b.attrs:
         raise ValueError("compose: the attribute name 'left_labels' is reserved here")
     b_has_aux = "aux_labels" in b.attrs

@@ -1,16 +1,16 @@
-"""remove_epsilon (host-side): an equivalent epsilon-free FSA.
+"""remove_epsilon (host-side): an equivalent epsilon-free FSA, attributes turned ragged as in k2.
 
 Tropical semiring (default, k2's remove_epsilon): for every state s and every state t in its epsilon
 closure, each non-epsilon arc t -> u becomes an arc s -> u whose score adds the best epsilon path s ~> t;
-epsilon cycles must have score <= 0 (as k2). Log semiring (`log_semiring=True`): the epsilon paths' scores
-are log-summed, keeping paths with different integer attributes (e.g. aux_labels) apart, so the weighted
-relation is preserved exactly; needs an epsilon-acyclic input. The result is connected.
+epsilon cycles must have score <= 0 (as k2). Log semiring (`log_semiring=True`, not in k2): the epsilon
+paths' scores are log-summed, keeping paths with different integer attributes (e.g. aux_labels) apart, so
+the weighted relation is preserved exactly; needs an input without epsilon cycles. The result is connected.
 
-Attributes follow the arcs as in k2: integer attributes (aux_labels ...) become the concatenation of their
-values along the epsilon path and the arc, with 0 (and -1) removed ("ragged" in k2). If every arc then has
-at most one value (and final arcs none), the attribute stays 1-D (0 where empty, -1 on final arcs for
-aux_labels); otherwise it becomes a 2-D [num_arcs, max_len] array padded with 0 (k2 would return a
-RaggedTensor). Float attributes are summed along the path.
+Each output arc derives from a sequence of input arcs (the epsilon path, then the arc); attributes follow
+k2's rules for such a ragged arc map (`attrs_from_arc_paths`): a 1-D integer attribute becomes a `Ragged`
+of its values along the sequence with the filler 0 removed, and -1 removed where it sits on an arc into the
+final state (so aux_labels of final arcs become []); a `Ragged` attribute gets its rows concatenated (and,
+for aux_labels only, 0s removed); a float attribute is summed along the sequence.
 """
 from __future__ import annotations
 
@@ -20,14 +20,64 @@ import numpy as np
 
 from fsa_ops.connect import connect
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.host import as_numpy, build, empty_like
+from fsa_ops.host import as_numpy, build
+from fsa_ops.ragged import Ragged
 from fsa_ops.unary import add_epsilon_self_loops
 
-__all__ = ["remove_epsilon", "remove_epsilon_and_add_self_loops"]
+__all__ = ["remove_epsilon", "remove_epsilon_and_add_self_loops", "attrs_from_arc_paths", "numpy_with_ragged"]
+
+
+def numpy_with_ragged(fsa: Fsa, name: str = "fsa") -> Fsa:
+    """`host.as_numpy` that also accepts `Ragged` attributes (converted to numpy Raggeds)."""
+    if not isinstance(fsa, Fsa):
+        raise TypeError(f"{name}: expected an Fsa, got {type(fsa).__name__}")
+    rag = {k: v.numpy() for k, v in fsa.attrs.items() if isinstance(v, Ragged)}
+    out = as_numpy(fsa.replace(**{k: None for k in rag}), name)
+    for k, v in rag.items():
+        if v.ndim != out.label.ndim + 1 or np.shape(v.lengths) != np.shape(out.label):
+            raise ValueError(f"{name}: Ragged attribute {k!r} has rows of shape {np.shape(v.lengths)}, the arcs "
+                             f"have shape {np.shape(out.label)}")
+        out.attrs[k] = v
+    return out
+
+
+def attrs_from_arc_paths(fsa: Fsa, row_splits, arc_ids, name_zero_free=("aux_labels",)) -> dict:
+    """Attributes of output arcs that each derive from a sequence of `fsa`'s arcs (k2's ragged arc map).
+
+    Output arc j derives from arcs ``arc_ids[row_splits[j]:row_splits[j + 1]]`` of the single Fsa `fsa`.
+    1-D integer attributes become `Ragged` (values along the sequence; 0 dropped, and -1 dropped on arcs
+    into the final state); `Ragged` attributes get their rows concatenated (0 dropped for the names in
+    `name_zero_free`); float attributes are summed. Returns {name: value[num_out_arcs]}."""
+    splits = np.asarray(row_splits, np.int64)
+    ids = np.asarray(arc_ids, np.int64)
+    m = len(splits) - 1
+    seg = np.repeat(np.arange(m), np.diff(splits))
+    into_final = np.asarray(fsa.label) == -1
+    out = {}
+    for k, v in fsa.attrs.items():
+        if isinstance(v, Ragged):
+            rows = v.numpy().take(ids)
+            n_out = np.bincount(seg, weights=rows.lengths, minlength=m).astype(np.int64)
+            r = Ragged.from_row_splits(np.concatenate([[0], np.cumsum(n_out)]), rows.flat_values)
+            out[k] = r.remove_values_eq(0) if k in name_zero_free else r
+            continue
+        v = np.asarray(v)
+        if v.dtype.kind in "iub":
+            if v.ndim != 1:
+                raise ValueError(f"attribute {k!r}: integer attributes must be 1-D or Ragged, got shape {v.shape}")
+            vals = v.astype(np.int32)[ids]
+            keep = (vals != 0) & ~((vals == -1) & into_final[ids])
+            n_out = np.bincount(seg[keep], minlength=m)
+            out[k] = Ragged.from_row_splits(np.concatenate([[0], np.cumsum(n_out)]), vals[keep])
+        else:
+            s = np.zeros((m,) + v.shape[1:], np.float64)
+            np.add.at(s, seg, v[ids].astype(np.float64))
+            out[k] = s.astype(v.dtype)
+    return out
 
 
 def _closure_tropical(s, eps_out, e_dst, e_sc, ns):
-    """Best epsilon path from s to each reachable t: {t: (score, tuple of eps arc ids)}."""
+    """Best epsilon path from s to each reachable t: {t: [(score, tuple of eps arc ids)]}."""
     best = {s: 0.0}
     back = {s: None}
     count = {}
@@ -61,7 +111,7 @@ def _closure_tropical(s, eps_out, e_dst, e_sc, ns):
     return out
 
 
-def _closure_log(s, eps_out, e_dst, e_sc, int_vals, max_paths=100_000):
+def _closure_log(s, eps_out, e_dst, e_sc, contrib, max_paths=100_000):
     """All epsilon paths from s grouped by (t, integer-attribute sequences): {t: [(logsum, best path)]}."""
     groups = {}
     stack = [(s, 0.0, ())]
@@ -71,7 +121,7 @@ def _closure_log(s, eps_out, e_dst, e_sc, int_vals, max_paths=100_000):
         n += 1
         if n > max_paths:
             raise ValueError("remove_epsilon: too many epsilon paths (log semiring enumerates them)")
-        key = (t,) + tuple(tuple(x for x in (vals[e] for e in path) if x not in (0, -1)) for vals in int_vals)
+        key = (t,) + tuple(tuple(x for e in path for x in c[e]) for c in contrib)
         g = groups.get(key)
         if g is None:
             groups[key] = [v, v, path]
@@ -104,92 +154,63 @@ def _eps_acyclic(ns, src, dst):
     return seen == ns
 
 
+def _with_attrs(core: Fsa, src_fsa: Fsa, splits, ids) -> Fsa:
+    return core.replace(attrs=attrs_from_arc_paths(src_fsa, splits, ids))
+
+
 def _remove_epsilon_one(fsa: Fsa, log_semiring: bool) -> Fsa:
     ns = int(fsa.num_states)
-    if ns == 0:
-        return fsa
     label = fsa.label
     is_eps = label == 0
-    if not is_eps.any():
-        return fsa
     src, dst, sc = fsa.src.tolist(), fsa.dst.tolist(), fsa.score.astype(np.float64).tolist()
-    int_names = [k for k, v in fsa.attrs.items() if v.dtype.kind in "iu"]
-    for k in int_names:
-        if fsa.attrs[k].ndim != 1:
-            raise ValueError(f"remove_epsilon: attribute {k!r} is already 2-D (ragged); not supported")
-    float_names = [k for k, v in fsa.attrs.items() if v.dtype.kind == "f"]
-    int_vals = [fsa.attrs[k].tolist() for k in int_names]
-    flt_vals = [fsa.attrs[k].astype(np.float64).tolist() for k in float_names]
     eps_ids = np.nonzero(is_eps)[0]
     eps_out = [[] for _ in range(ns)]
     for e in eps_ids.tolist():
         eps_out[src[e]].append(e)
     if log_semiring and not _eps_acyclic(ns, fsa.src[eps_ids], fsa.dst[eps_ids]):
         raise ValueError("remove_epsilon: log_semiring=True needs an input without epsilon cycles")
+    contrib = []   # per integer attribute: what each arc adds to an output arc's value (for the log grouping)
+    if log_semiring and len(eps_ids):
+        one = attrs_from_arc_paths(fsa, np.arange(len(label) + 1), np.arange(len(label)))
+        contrib = [[tuple(r) for r in v.tolist()] for v in one.values() if isinstance(v, Ragged)]
     leaving = [[] for _ in range(ns)]
     for i in np.nonzero(~is_eps)[0].tolist():
         leaving[src[i]].append(i)
-    o_src, o_dst, o_lab, o_sc, o_int, o_flt = [], [], [], [], [[] for _ in int_names], [[] for _ in float_names]
-    for s in range(ns):
-        if s == ns - 1:
-            break
-        clo = (_closure_log(s, eps_out, dst, sc, int_vals) if log_semiring
-               else _closure_tropical(s, eps_out, dst, sc, ns))
+    o_src, o_dst, o_sc, paths = [], [], [], []
+    for s in range(max(ns - 1, 0)):
+        if not eps_out[s]:
+            clo = {s: [(0.0, ())]}
+        elif log_semiring:
+            clo = _closure_log(s, eps_out, dst, sc, contrib)
+        else:
+            clo = _closure_tropical(s, eps_out, dst, sc, ns)
         for t in sorted(clo):
             for v, path in clo[t]:
                 for a in leaving[t]:
                     o_src.append(s)
                     o_dst.append(dst[a])
-                    o_lab.append(label[a])
                     o_sc.append(v + sc[a])
-                    for j, vals in enumerate(int_vals):
-                        o_int[j].append(tuple(x for x in [vals[e] for e in path] + [vals[a]] if x not in (0, -1)))
-                    for j, vals in enumerate(flt_vals):
-                        o_flt[j].append(sum(vals[e] for e in path) + vals[a])
-    if not o_src:
-        return empty_like(fsa)
-    o_lab = np.array(o_lab, np.int32)
-    o_dst_arr = np.array(o_dst, np.int64)
-    into_final = o_dst_arr == ns - 1
-    attrs = {}
-    for j, k in enumerate(int_names):
-        seqs = o_int[j]
-        lens = np.array([len(q) for q in seqs])
-        K = int(lens.max()) if len(lens) else 0
-        final_minus1 = np.all(np.asarray(fsa.attrs[k])[fsa.dst == ns - 1] == -1)
-        if K <= 1 and not np.any(lens[into_final] > 0):
-            col = np.array([q[0] if q else 0 for q in seqs], np.int32)
-            if final_minus1:
-                col[into_final] = -1
-            attrs[k] = col
-        else:
-            arr = np.zeros((len(seqs), K), np.int32)
-            for i, q in enumerate(seqs):
-                arr[i, :len(q)] = q
-            attrs[k] = arr
-    for j, k in enumerate(float_names):
-        attrs[k] = np.array(o_flt[j], fsa.attrs[k].dtype)
-    out = build(o_src, o_dst, o_lab, o_sc, ns, attrs)
-    return connect(out)
+                    paths.append(path + (a,))
+    lens = np.array([len(p) for p in paths], np.int64)
+    splits = np.concatenate([[0], np.cumsum(lens)])
+    ids = np.fromiter((a for p in paths for a in p), np.int64, count=int(splits[-1]))
+    core = build(o_src, o_dst, label[ids[splits[1:] - 1]] if len(paths) else [], o_sc, ns, {})
+    core, kept = connect(core, ret_arc_map=True)
+    kept = np.asarray(kept, np.int64)
+    k_splits = np.concatenate([[0], np.cumsum(lens[kept])])
+    k_ids = ids[np.repeat(splits[kept] - k_splits[:-1], lens[kept]) + np.arange(k_splits[-1])]
+    return _with_attrs(core, fsa, k_splits, k_ids)
 
 
 def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
-    """Remove epsilon arcs (label 0); see the module docstring. Single Fsa or batch (in a batch, an integer
-    attribute that is 2-D for one FSA is made 2-D for all)."""
-    fsa = as_numpy(fsa)
+    """Remove epsilon arcs (label 0); see the module docstring. Single Fsa or batch: [B, A] in, [B, A'] out."""
+    fsa = numpy_with_ragged(fsa)
     if not fsa.is_batch:
         return _remove_epsilon_one(fsa, log_semiring)
-    outs = [_remove_epsilon_one(f, log_semiring) for f in fsa]
-    for k in (outs[0].attrs if outs else {}):
-        if any(o.attrs[k].ndim == 2 for o in outs):
-            for o in outs:
-                v = o.attrs[k]
-                if v.ndim == 1:
-                    o.attrs[k] = np.where(v == -1, 0, v)[:, None].astype(v.dtype)
-    return create_fsa_vec(outs)
+    return create_fsa_vec([_remove_epsilon_one(f, log_semiring) for f in fsa])
 
 
 def remove_epsilon_and_add_self_loops(fsa: Fsa, log_semiring: bool = False) -> Fsa:
-    """remove_epsilon, then an epsilon self-loop on every non-final state (k2; prepares an FSA for
-    intersection with treat_epsilons_specially=False)."""
+    """remove_epsilon, then an epsilon self-loop on every non-final state, placed first (k2; prepares an FSA
+    for intersection with treat_epsilons_specially=False). The self-loops' ragged attributes are empty."""
     return add_epsilon_self_loops(remove_epsilon(fsa, log_semiring=log_semiring))

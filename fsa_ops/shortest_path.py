@@ -3,7 +3,8 @@
 The best path is found with a tropical forward pass that records the best entering arc of every
 state (``fsa_ops.scores``), then backtracked from the final state; both are ``lax.scan`` s inside one
 jitted program.  The answer is a batch of linear FSAs (states ``0..L``, ``L`` arcs, the last one with
-label -1) carrying the arcs' original scores and every per-arc attribute (``aux_labels`` ...).
+label -1) carrying the arcs' original scores and every per-arc attribute (``aux_labels`` ...; a
+``Ragged`` attribute keeps its rows: values [B, L, W] and lengths [B, L] are gathered like the arcs).
 An FSA without a successful path gives an empty FSA (``num_states == 0``), as in k2; so does an FSA
 with a NaN or +inf arc score (whose ``get_tot_scores`` is NaN: check that to tell them apart).
 
@@ -45,7 +46,7 @@ def _shortest_path_core(arcs, attrs, S, K, dtype):
     dst = jnp.where(real, pos + 1, 0).astype(jnp.int32)
     label = take(arcs.label, 0)
     score = take(arcs.score, -jnp.inf)
-    out_attrs = {k: take(v, 0) for k, v in attrs.items()}
+    out_attrs = {k: jax.tree_util.tree_map(lambda x: take(x, 0), v) for k, v in attrs.items()}
     num_states = jnp.where(jnp.isfinite(tot), length + 1, 0).astype(jnp.int32)
     return src, dst, label, score, num_states, length, out_attrs
 
@@ -58,7 +59,8 @@ def shortest_path(fsa, use_double_scores: bool = True):
     The FSAs must be top-sorted (acyclic with arcs from lower to higher states), as in k2.
     """
     arcs, S, kin, _, batch, dtype = prepare_fsas(fsa, use_double_scores)
-    attrs = {k: (jnp.asarray(v) if batch else jnp.asarray(v)[None]) for k, v in fsa.attrs.items()}
+    attrs = {k: jax.tree_util.tree_map(lambda x: jnp.asarray(x) if batch else jnp.asarray(x)[None], v)
+             for k, v in fsa.attrs.items()}
     src, dst, label, score, ns, na, out_attrs = _shortest_path_core(arcs, attrs, S, kin, dtype)
     out = Fsa(src, dst, label, score, ns, na, out_attrs, max_states=S)
     if batch:

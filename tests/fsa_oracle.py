@@ -18,13 +18,16 @@ API (single FSAs; for a batch, apply per `fsavec[i]`):
 - `best_path(fsa, **bounds) -> Path or None`: the highest-scoring path (first found on ties).
 - `weighted_language(fsa, log_semiring=True, key='labels', **bounds) -> dict`: label sequence -> combined score,
   epsilons (0) and the final -1 removed. key: 'labels', 'aux_labels' (or any attribute name), or 'both'
-  (pairs (labels_seq, aux_seq)). A 2-D attribute (ragged values per arc, 0-padded) is flattened.
+  (pairs (labels_seq, aux_seq)). A `Ragged` attribute (several values per arc; or a 2-D 0-padded array) is
+  flattened along the path; 0 and -1 are dropped either way.
 - `languages_close(a, b, atol=1e-4, rtol=1e-4) -> (bool, message)`: compares two weighted languages (same keys,
   close scores).
 - Strategies: `random_fsas(min_states=2, max_states=5, max_arcs=10, num_labels=4, acyclic=True, epsilons=True,
   epsilon_cycles=False, aux_labels=False, ensure_path=True, score_range=(-2., 2.))` draws a valid single Fsa:
   acyclic means top-sorted with dst > src; otherwise arcs may go anywhere (self loops too), but epsilon arcs go
-  forward only unless `epsilon_cycles`. `random_fsa_vecs(min_size=1, max_size=3, **kw)` draws batches.
+  forward only unless `epsilon_cycles`. `aux_labels=True` adds one aux label per arc (-1 into the final state),
+  `aux_labels='ragged'` a `Ragged` of 0 to 2 per arc ([-1] into the final state).
+  `random_fsa_vecs(min_size=1, max_size=3, **kw)` draws batches.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.ragged import Ragged
 
 Path = namedtuple("Path", ["arcs", "labels", "attrs", "score"])
 
@@ -67,15 +71,26 @@ def _is_acyclic(ns, src, dst):
     return seen == ns
 
 
+def _per_arc(value):
+    """Per-arc Python values of an attribute: ints, or lists for a Ragged / 2-D attribute."""
+    return value.tolist() if isinstance(value, Ragged) else np.asarray(value).tolist()
+
+
+def _n_symbols(x):
+    if isinstance(x, list):
+        return sum(y not in (0, -1) for y in x)
+    return int(x not in (0, -1))
+
+
 def enumerate_paths(fsa: Fsa, max_labels=None, max_arcs=None, count_attr=None, max_paths=200_000):
     ns, src, dst, lab, sc = _arrays(fsa)
     if ns == 0:
         return []
     if max_labels is None and max_arcs is None and not _is_acyclic(ns, src, dst):
         raise RuntimeError("cyclic FSA: give max_labels or max_arcs")
-    cnt = lab if count_attr is None else np.asarray(fsa.attrs[count_attr]).tolist()
+    cnt = lab if count_attr is None else _per_arc(fsa.attrs[count_attr])
     names = sorted(fsa.attrs)
-    attr_vals = {n: np.asarray(fsa.attrs[n]).tolist() for n in names}
+    attr_vals = {n: _per_arc(fsa.attrs[n]) for n in names}
     leaving = [[] for _ in range(ns)]
     for i, a in enumerate(src):
         leaving[a].append(i)
@@ -94,7 +109,7 @@ def enumerate_paths(fsa: Fsa, max_labels=None, max_arcs=None, count_attr=None, m
         if max_arcs is not None and len(arcs) >= max_arcs:
             continue
         for i in reversed(leaving[s]):
-            nl2 = nl + (cnt[i] not in (0, -1))
+            nl2 = nl + _n_symbols(cnt[i])
             if max_labels is not None and nl2 > max_labels:
                 continue
             stack.append((dst[i], arcs + (i,), nl2, score + sc[i]))
@@ -178,8 +193,8 @@ def random_fsas(draw, min_states=2, max_states=5, max_arcs=10, num_labels=4, acy
     ns = draw(st.integers(min_states, max_states))
     if ns == 0:
         z = np.zeros(0, np.int32)
-        attrs = {"aux_labels": z} if aux_labels else {}
-        return Fsa.from_arcs(z, z, z, np.zeros(0, np.float32), num_states=0, attrs=attrs)
+        f = Fsa.from_arcs(z, z, z, np.zeros(0, np.float32), num_states=0, attrs={"aux_labels": z} if aux_labels else {})
+        return f.replace(aux_labels=Ragged.from_lists([])) if aux_labels == "ragged" else f
     final = ns - 1
     score_st = st.floats(score_range[0], score_range[1], width=32, allow_nan=False)
     lo_label = 0 if epsilons else 1
@@ -217,11 +232,16 @@ def random_fsas(draw, min_states=2, max_states=5, max_arcs=10, num_labels=4, acy
     lab = np.array([a[2] for a in arcs], np.int32)
     sc = np.array([a[3] for a in arcs], np.float32)
     attrs = {}
-    if aux_labels:
+    if aux_labels == "ragged":
+        rows = [[-1] if lab[i] == -1 else draw(st.lists(st.integers(0, num_labels), max_size=2)) for i in range(n)]
+        attrs["aux_labels"] = Ragged.from_lists(rows)
+    elif aux_labels:
         aux = np.array([draw(st.integers(0, num_labels)) for _ in range(n)], np.int32).reshape(n)
         aux[lab == -1] = -1  # k2: aux_labels of arcs into the final state are -1
         attrs["aux_labels"] = aux
-    return Fsa.from_arcs(src, dst, lab, sc, num_states=ns, attrs=attrs)
+    rag = {k: v for k, v in attrs.items() if isinstance(v, Ragged)}   # arcs are sorted already: attach after
+    f = Fsa.from_arcs(src, dst, lab, sc, num_states=ns, attrs={k: v for k, v in attrs.items() if k not in rag})
+    return f.replace(**rag)
 
 
 @st.composite
