@@ -1,5 +1,6 @@
-"""Graph constructors with k2's exact structure, scores and aux_labels: linear_fsa, linear_fst, ctc_topo,
-ctc_graph, levenshtein_graph, trivial_graph. All host-side (numpy)."""
+"""Graph constructors with k2's exact structure, scores and aux_labels: linear_fsa, linear_fst,
+linear_fsa_with_self_loops, linear_fst_with_self_loops, ctc_topo, ctc_graph, levenshtein_graph, trivial_graph.
+All host-side (numpy)."""
 from __future__ import annotations
 
 from typing import Sequence, Union
@@ -7,6 +8,8 @@ from typing import Sequence, Union
 import numpy as np
 
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.host import as_numpy
+from fsa_ops.ragged import Ragged, is_ragged
 from fsa_ops.unary import add_epsilon_self_loops
 
 __all__ = ["linear_fsa", "linear_fst", "linear_fsa_with_self_loops", "linear_fst_with_self_loops", "ctc_topo",
@@ -43,7 +46,8 @@ def _single(src, dst, label, score, num_states, attrs) -> Fsa:
     A = len(src)
     return Fsa(np.asarray(src, np.int32), np.asarray(dst, np.int32), np.asarray(label, np.int32),
                np.asarray(score, np.float32), np.asarray(num_states, np.int32), np.asarray(A, np.int32),
-               {k: (np.asarray(v, np.int32) if np.asarray(v).dtype.kind in "iu" else np.asarray(v))
+               {k: v if is_ragged(v) else (np.asarray(v, np.int32) if np.asarray(v).dtype.kind in "iu"
+                                            else np.asarray(v))
                 for k, v in attrs.items()}, max_states=num_states)
 
 
@@ -69,18 +73,64 @@ def linear_fst(labels: Labels, aux_labels: Labels) -> Fsa:
     return f.replace(aux_labels=np.append(aux, -1).astype(np.int32))
 
 
+def _linear_parts(fsas, name: str):
+    """The single FSAs of a linear Fsa or batch (arc i: state i -> i + 1; ValueError naming the FSA otherwise)."""
+    fsas = as_numpy(fsas, name)
+    parts = list(fsas) if fsas.is_batch else [fsas]
+    for i, f in enumerate(parts):
+        n = len(f.label)
+        where = f"{name}[{i}]" if fsas.is_batch else name
+        if n == 0 or int(f.num_states) != n + 1 or np.any(f.src != np.arange(n)) \
+                or np.any(f.dst != np.arange(1, n + 1)):
+            raise ValueError(f"{where}: expected a linear FSA (arc i from state i to state i + 1, at least one arc "
+                             f"and one more state than arcs), got {int(f.num_states)} states and {n} arcs")
+    return fsas, parts
+
+
 def linear_fsa_with_self_loops(fsas) -> Fsa:
-    """k2's linear_fsa_with_self_loops: `linear_fsa(labels)` (or a given linear Fsa/batch) with an epsilon
-    self-loop (score 0) first on every non-final state."""
-    return add_epsilon_self_loops(fsas if isinstance(fsas, Fsa) else linear_fsa(fsas))
+    """k2's linear_fsa_with_self_loops: the labels > 0 of a linear Fsa (or of each FSA of a batch) as a new
+    `linear_fsa` (epsilon arcs removed, scores 0, attributes dropped, as k2), then an epsilon self-loop (score 0)
+    first on every non-final state. Not in k2: a list of labels (or of label lists) stands for its linear_fsa."""
+    if not isinstance(fsas, Fsa):
+        fsas = linear_fsa(fsas)
+    fsas, parts = _linear_parts(fsas, "fsas")
+    out = [add_epsilon_self_loops(linear_fsa(f.label[f.label > 0])) for f in parts]
+    return create_fsa_vec(out) if fsas.is_batch else out[0]
+
+
+def _fst_with_self_loops_one(f: Fsa) -> Fsa:
+    label = f.label
+    aux = f.attrs["aux_labels"]
+    # each run of epsilon arcs joins the non-epsilon arc after it (the arc into the final state included)
+    group = np.concatenate([[0], np.cumsum(label[:-1] != 0)]).astype(np.int64)
+    num_groups = int(group[-1]) + 1 if len(label) else 0
+    rows = aux.tolist() if is_ragged(aux) else [[int(x)] for x in np.asarray(aux).tolist()]
+    grouped = [[] for _ in range(num_groups)]
+    for g, row in zip(group.tolist(), rows):
+        grouped[g].extend(x for x in row if x > 0)      # k2 drops values <= 0 (epsilon 0 and the final -1)
+    score = np.zeros(num_groups, np.float64)
+    np.add.at(score, group, np.asarray(f.score, np.float64))
+    n = num_groups - 1                                  # non-final arcs of the result
+    states = np.arange(n + 1)
+    src = np.repeat(states, 2)
+    dst = np.stack([states, states + 1], 1).reshape(-1)
+    lab = np.stack([np.zeros(n + 1, np.int32), np.append(label[label > 0], -1)], 1).reshape(-1)
+    sc = np.stack([np.zeros(n + 1), score], 1).reshape(-1)
+    aux_rows = [r for g in grouped for r in ([], g)]    # the self-loop's row is empty
+    return _single(src, dst, lab, sc, n + 2, {"aux_labels": Ragged.from_lists(aux_rows)})
 
 
 def linear_fst_with_self_loops(fsts: Fsa) -> Fsa:
-    """k2's linear_fst_with_self_loops: a linear transducer (e.g. from linear_fst) with epsilon self-loops
-    (label 0, aux_label 0, score 0) on every non-final state."""
-    if "aux_labels" not in fsts.attrs:
+    """k2's linear_fst_with_self_loops for a linear transducer (or a batch of them): epsilon arcs (label 0) are
+    removed, each run of them merged into the next non-epsilon arc (scores added, aux_labels concatenated with
+    values <= 0 dropped), then an epsilon self-loop (label 0, aux_labels [], score 0) goes first on every
+    non-final state. The result's aux_labels are `Ragged` (as k2's RaggedTensor); other attributes are
+    dropped (as k2). Input aux_labels may be 1-D or Ragged."""
+    if isinstance(fsts, Fsa) and "aux_labels" not in fsts.attrs:
         raise ValueError("linear_fst_with_self_loops: the input has no aux_labels; use linear_fsa_with_self_loops")
-    return add_epsilon_self_loops(fsts)
+    fsts, parts = _linear_parts(fsts, "fsts")
+    out = [_fst_with_self_loops_one(f) for f in parts]
+    return create_fsa_vec(out) if fsts.is_batch else out[0]
 
 
 def ctc_topo(max_token: int, modified: bool = False) -> Fsa:
