@@ -17,7 +17,7 @@ import numpy as np
 
 from fsa_ops.connect import connect
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.host import as_numpy, from_arc_map
+from fsa_ops.host import as_numpy, from_arc_map, pad_arc_maps
 from fsa_ops.scores import get_arc_post
 
 __all__ = ["prune_on_arc_post"]
@@ -45,9 +45,4 @@ def prune_on_arc_post(fsas: Fsa, threshold_prob: float, use_double_scores: bool 
         return (out, amap) if ret_arc_map else out
     outs = [_prune_one(f, ~below[b, :len(f.label)]) for b, f in enumerate(fsas)]
     vec = create_fsa_vec([o for o, _ in outs]) if outs else fsas
-    if not ret_arc_map:
-        return vec
-    amap = np.full(vec.label.shape, -1, np.int32)
-    for b, (_, m) in enumerate(outs):
-        amap[b, :len(m)] = m
-    return vec, amap
+    return (vec, pad_arc_maps([m for _, m in outs], vec.label.shape[1])) if ret_arc_map else vec

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.host import as_numpy, empty_like, from_arc_map
+from fsa_ops.host import as_numpy, empty_like, from_arc_map, pad_arc_maps
 
 __all__ = ["reverse"]
 
@@ -51,9 +51,4 @@ def reverse(fsa: Fsa, ret_arc_map: bool = False):
         return (out, amap) if ret_arc_map else out
     outs = [_reverse_one(f, f"[{i}]") for i, f in enumerate(fsa)]
     vec = create_fsa_vec([o for o, _ in outs]) if outs else fsa
-    if not ret_arc_map:
-        return vec
-    amap = np.full(vec.label.shape, -1, np.int32)
-    for b, (_, m) in enumerate(outs):
-        amap[b, :len(m)] = m
-    return vec, amap
+    return (vec, pad_arc_maps([m for _, m in outs], vec.label.shape[1])) if ret_arc_map else vec

@@ -79,3 +79,15 @@ def test_reverse_batch_matches_single(v):
         one, m = reverse(f, ret_arc_map=True)
         assert to_str(out[i]) == to_str(one)
         np.testing.assert_array_equal(amap[i, :len(m)], m)
+
+
+@settings(max_examples=15, deadline=None)
+@given(random_fsas(acyclic=False, aux_labels="ragged", max_states=5, max_arcs=8))
+def test_reverse_ragged_attributes(f):
+    """Ragged aux_labels rows follow their arcs (the new final arc gets an empty row); labels as the oracle says."""
+    r, amap = reverse(f, ret_arc_map=True)
+    check_fsa(r)
+    rows, out_rows = f.aux_labels.tolist(), r.aux_labels.tolist()
+    assert out_rows == [rows[i] if i >= 0 else [] for i in amap.tolist()]
+    ok, msg = languages_close(weighted_language(r, **BOUND), _reversed_language(f, True, "labels"))
+    assert ok, msg
