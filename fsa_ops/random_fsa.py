@@ -6,7 +6,8 @@ for fresh OS entropy, as k2's unseeded generators) and touches no global random 
 more likely), split over a random number of non-final states (some may get none), then the final state. Arc i
 leaves its state for a uniformly drawn destination (a higher state when `acyclic`, any state otherwise); arcs
 into the final state get label -1, the others a label in [0, max_symbol]; scores are uniform in [0, 10). The
-FSA need not be connected; with no states drawn it is the empty FSA.
+FSA need not be connected; with no states drawn it is the empty FSA. (k2 also, rarely, inserts a long run of
+empty states; that is not done here, and the random streams differ from k2's.)
 
 `is_rand_equivalent(a, b, log_semiring, ...)` follows k2's host IsRandEquivalent: after `connect`, both empty is
 equivalent and one empty is not; the label sets may differ by at most the epsilon (with
