@@ -1,5 +1,8 @@
 """SymbolTable: k2's symbol_table_test.py, icefall-style files, errors, and a hypothesis round trip with unicode
 symbols."""
+import os
+import tempfile
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -154,3 +157,7 @@ def test_round_trip(entries, eps):
     for idx in t.ids:
         assert back[idx] == t[idx] and back[t[idx]] == idx
     assert t.merge(back) == t
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "words.txt")
+        t.to_file(path)
+        assert SymbolTable.from_file(path) == t
