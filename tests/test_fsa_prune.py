@@ -31,7 +31,7 @@ def test_k2_prune_on_arc_post():
         2 3 -1 0
         3
     """)
-    ans = prune_on_arc_post(create_fsa_vec([fsa]), 0.5, use_double_scores=True)
+    ans = prune_on_arc_post(create_fsa_vec([fsa], **PAD), 0.5, use_double_scores=True)   # (padded: one compile)
     expected = Fsa.from_str("""
         0 1 1 0.2
         1 2 3 0.2
@@ -53,7 +53,8 @@ def test_attributes_connect_and_batch():
         3 4 -1 -1 0
         4
     """, acceptor=False)
-    out, amap = prune_on_arc_post(f, 0.3, use_double_scores=False, ret_arc_map=True)
+    out, amap = prune_on_arc_post(create_fsa_vec([f], **PAD), 0.3, use_double_scores=False, ret_arc_map=True)
+    out, amap = out[0], amap[0, :int(out.num_arcs[0])]
     check_fsa(out)
     assert to_str(out) == "0 1 1 11 0\n1 2 3 33 0\n1 2 4 44 0\n2 3 -1 -1 0\n3\n"
     np.testing.assert_array_equal(amap, [0, 2, 3, 5])
@@ -62,7 +63,9 @@ def test_attributes_connect_and_batch():
                                 use_double_scores=False, ret_arc_map=True)
     assert to_str(v[0]) == to_str(out) and list(v[1].aux_labels) == [7, 7, 7, 7]
     np.testing.assert_array_equal(vmap[0, :4], amap)
-    assert int(prune_on_arc_post(no_path, 0.1, use_double_scores=False).num_states) == 0
+    assert int(prune_on_arc_post(create_fsa_vec([no_path], **PAD), 0.1, use_double_scores=False).num_states[0]) == 0
+    single = prune_on_arc_post(f, 0.3, use_double_scores=False)   # a single Fsa in, a single Fsa out
+    assert not single.is_batch and to_str(single) == to_str(out)
 
 
 @pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, float("nan"), "0.5", True])
