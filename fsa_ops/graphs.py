@@ -84,6 +84,9 @@ def _linear_parts(fsas, name: str):
                 or np.any(f.dst != np.arange(1, n + 1)):
             raise ValueError(f"{where}: expected a linear FSA (arc i from state i to state i + 1, at least one arc "
                              f"and one more state than arcs), got {int(f.num_states)} states and {n} arcs")
+        if np.any(f.label[:-1] < 0):
+            raise ValueError(f"{where}: negative label {int(f.label[:-1].min())} on an arc that does not enter the "
+                             "final state")
     return fsas, parts
 
 

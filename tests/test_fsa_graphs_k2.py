@@ -107,6 +107,8 @@ def test_self_loops_drop_scores_and_check_linearity():
     with pytest.raises(ValueError, match=r"fsts\[1\]: expected a linear FSA"):
         linear_fst_with_self_loops(create_fsa_vec([linear_fst([1], [2]), Fsa.from_str(
             "0 1 1 5 0\n0 1 2 6 0\n1 2 -1 -1 0\n2", acceptor=False)]))
+    with pytest.raises(ValueError, match="negative label -2"):
+        linear_fsa_with_self_loops(Fsa.from_str("0 1 -2 0\n1 2 -1 0\n2"))
     with pytest.raises(ValueError, match="no aux_labels"):
         linear_fst_with_self_loops(linear_fsa([1]))
     with pytest.raises(TypeError, match="expected an Fsa"):
