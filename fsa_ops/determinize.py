@@ -186,6 +186,9 @@ def determinize(fsa: Fsa, log_semiring: bool = False, delta: float = 1e-6, max_s
     """Determinize an epsilon-free acceptor or transducer (see the module docstring). Single Fsa or batch.
 
     `log_semiring=True` (acceptors only; k2 has the tropical semiring) log-sums the weights of paths merged."""
+    if not isinstance(log_semiring, (bool, np.bool_)):
+        raise TypeError(f"determinize: log_semiring must be a bool, got {log_semiring!r} (k2's weight_pushing_type "
+                        f"is not supported: this code does no weight pushing, k2's default)")
     fsa = numpy_with_ragged(fsa)
     if log_semiring and _is_transducer(fsa):
         raise ValueError("determinize: log_semiring=True needs an acceptor; integer or Ragged attributes "

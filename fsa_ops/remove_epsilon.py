@@ -41,13 +41,14 @@ def numpy_with_ragged(fsa: Fsa, name: str = "fsa") -> Fsa:
     return out
 
 
-def attrs_from_arc_paths(fsa: Fsa, row_splits, arc_ids, name_zero_free=("aux_labels",)) -> dict:
+def attrs_from_arc_paths(fsa: Fsa, row_splits, arc_ids, name_zero_free=("aux_labels",),
+                         remove_filler: bool = True) -> dict:
     """Attributes of output arcs that each derive from a sequence of `fsa`'s arcs (k2's ragged arc map).
 
     Output arc j derives from arcs ``arc_ids[row_splits[j]:row_splits[j + 1]]`` of the single Fsa `fsa`.
-    1-D integer attributes become `Ragged` (values along the sequence; 0 dropped, and -1 dropped on arcs
-    into the final state); `Ragged` attributes get their rows concatenated (0 dropped for the names in
-    `name_zero_free`); float attributes are summed. Returns {name: value[num_out_arcs]}."""
+    1-D integer attributes become `Ragged` (values along the sequence; with `remove_filler`, 0 dropped, and -1
+    dropped on arcs into the final state); `Ragged` attributes get their rows concatenated (0 dropped for the
+    names in `name_zero_free`); float attributes are summed. Returns {name: value[num_out_arcs]}."""
     splits = np.asarray(row_splits, np.int64)
     ids = np.asarray(arc_ids, np.int64)
     m = len(splits) - 1
@@ -66,7 +67,7 @@ def attrs_from_arc_paths(fsa: Fsa, row_splits, arc_ids, name_zero_free=("aux_lab
             if v.ndim != 1:
                 raise ValueError(f"attribute {k!r}: integer attributes must be 1-D or Ragged, got shape {v.shape}")
             vals = v.astype(np.int32)[ids]
-            keep = (vals != 0) & ~((vals == -1) & into_final[ids])
+            keep = (vals != 0) & ~((vals == -1) & into_final[ids]) if remove_filler else np.ones(len(ids), bool)
             n_out = np.bincount(seg[keep], minlength=m)
             out[k] = Ragged.from_row_splits(np.concatenate([[0], np.cumsum(n_out)]), vals[keep])
         else:
@@ -154,11 +155,8 @@ def _eps_acyclic(ns, src, dst):
     return seen == ns
 
 
-def _with_attrs(core: Fsa, src_fsa: Fsa, splits, ids) -> Fsa:
-    return core.replace(attrs=attrs_from_arc_paths(src_fsa, splits, ids))
-
-
-def _remove_epsilon_one(fsa: Fsa, log_semiring: bool) -> Fsa:
+def _remove_epsilon_one(fsa: Fsa, log_semiring: bool, remove_filler: bool = True,
+                        zero_free=("aux_labels",)) -> Fsa:
     ns = int(fsa.num_states)
     label = fsa.label
     is_eps = label == 0
@@ -199,7 +197,7 @@ def _remove_epsilon_one(fsa: Fsa, log_semiring: bool) -> Fsa:
     kept = np.asarray(kept, np.int64)
     k_splits = np.concatenate([[0], np.cumsum(lens[kept])])
     k_ids = ids[np.repeat(splits[kept] - k_splits[:-1], lens[kept]) + np.arange(k_splits[-1])]
-    return _with_attrs(core, fsa, k_splits, k_ids)
+    return core.replace(attrs=attrs_from_arc_paths(fsa, k_splits, k_ids, zero_free, remove_filler))
 
 
 def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
@@ -210,7 +208,24 @@ def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
     return create_fsa_vec([_remove_epsilon_one(f, log_semiring) for f in fsa])
 
 
-def remove_epsilon_and_add_self_loops(fsa: Fsa, log_semiring: bool = False) -> Fsa:
+def remove_epsilon_and_add_self_loops(fsa: Fsa, remove_filler: bool = True, log_semiring: bool = False) -> Fsa:
     """remove_epsilon, then an epsilon self-loop on every non-final state, placed first (k2; prepares an FSA
-    for intersection with treat_epsilons_specially=False). The self-loops' ragged attributes are empty."""
-    return add_epsilon_self_loops(remove_epsilon(fsa, log_semiring=log_semiring))
+    for intersection with treat_epsilons_specially=False). As k2: an input without epsilon arcs (every FSA
+    of a batch) only gets the self-loops, its attributes unchanged; otherwise attributes turn ragged as in
+    `remove_epsilon`, keeping 1-D integer attributes' fillers if not `remove_filler` and the 0s of a Ragged
+    aux_labels. The self-loops' ragged attributes are empty rows (0 for float ones)."""
+    fsa = numpy_with_ragged(fsa)
+    if not _any_real_epsilon(fsa):
+        return add_epsilon_self_loops(fsa)
+    if not fsa.is_batch:
+        return add_epsilon_self_loops(_remove_epsilon_one(fsa, log_semiring, remove_filler, ()))
+    return add_epsilon_self_loops(create_fsa_vec([_remove_epsilon_one(f, log_semiring, remove_filler, ())
+                                                  for f in fsa]))
+
+
+def _any_real_epsilon(fsa: Fsa) -> bool:
+    """Whether some real (not padding) arc has label 0."""
+    if not fsa.is_batch:
+        return bool(np.any(fsa.label == 0))
+    real = np.arange(fsa.label.shape[1])[None, :] < np.asarray(fsa.num_arcs)[:, None]
+    return bool(np.any((fsa.label == 0) & real))

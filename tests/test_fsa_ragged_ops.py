@@ -6,6 +6,7 @@ import math
 import os
 import sys
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -50,6 +51,21 @@ def test_remove_epsilon_k2_attributes():
     assert e.attrs["ragged_attr"] == Ragged.from_lists([[], [30, 40, 50], [10, 20, 60, 70], [], [60, 70]])
     np.testing.assert_allclose(e.attrs["float_attr"], [0, 0.2, 0.4, 0, 0.3], rtol=1e-6)
     np.testing.assert_allclose(e.scores, [0, 0.2, 0.4, 0, 0.3], rtol=1e-6)
+
+
+def test_remove_epsilon_and_add_self_loops_k2_rules():
+    src = k2_src()
+    # remove_filler=False keeps 0 and the final -1 of 1-D integer attributes
+    f = Fsa.from_str("0 1 0 0 0.1\n0 1 1 2 0.2\n1 2 -1 -1 0.3\n2\n", acceptor=False)
+    assert remove_epsilon_and_add_self_loops(f).aux_labels.tolist() == [[], [2], [], [], []]
+    assert remove_epsilon_and_add_self_loops(f, remove_filler=False).aux_labels.tolist() == [
+        [], [2], [0, -1], [], [-1]]
+    # an epsilon-free input only gets the self-loops: attributes stay as they are (k2)
+    g = Fsa.from_str("0 1 1 2 0.2\n1 2 -1 -1 0.3\n2\n", acceptor=False)
+    h = remove_epsilon_and_add_self_loops(g)
+    assert h.labels.tolist() == [0, 1, 0, -1] and h.aux_labels.tolist() == [0, 2, 0, -1]
+    v = remove_epsilon_and_add_self_loops(create_fsa_vec([src, src]))
+    assert v[1].attrs["int_attr"].tolist() == [[], [2], [1, 3], [], [3]]
 
 
 def test_attrs_from_arc_paths_k2():
@@ -177,6 +193,8 @@ def test_determinize_transducer_examples_and_errors():
     np.testing.assert_allclose(determinize(tf).attrs["w"], [0, 2 + 8, 16])
     with pytest.raises(ValueError, match="log_semiring=True needs an acceptor"):
         determinize(t, log_semiring=True)
+    with pytest.raises(TypeError, match="log_semiring must be a bool"):
+        determinize(t, "kLogWeightPushing")
     with pytest.raises(ValueError, match="epsilon"):
         determinize(Fsa.from_str("0 1 0 3 0\n1 2 -1 -1 0\n2\n", acceptor=False))
     # two never-merging loops on the same label: not determinizable
@@ -244,6 +262,8 @@ def test_shortest_path_ragged():
     v = shortest_path(create_fsa_vec([f, g]), use_double_scores=False)
     words = [sum(r, []) for r in v.aux_labels.remove_values_leq(0).tolist()]
     assert words == [[5, 6, 7], [4, 4]]
+    j = jax.jit(lambda fs: shortest_path(fs, use_double_scores=False))(create_fsa_vec([f, g]).to_jax())
+    assert isinstance(j.aux_labels, Ragged) and j.aux_labels.tolist() == v.aux_labels.tolist()
 
 
 # ------------------------------------------------------------------ icefall's compile_LG and get_texts
