@@ -171,28 +171,40 @@ def _remove_epsilon_one(fsa: Fsa, log_semiring: bool, remove_filler: bool = True
     if log_semiring and len(eps_ids):
         one = attrs_from_arc_paths(fsa, np.arange(len(label) + 1), np.arange(len(label)))
         contrib = [[tuple(r) for r in v.tolist()] for v in one.values() if isinstance(v, Ragged)]
-    leaving = [[] for _ in range(ns)]
-    for i in np.nonzero(~is_eps)[0].tolist():
-        leaving[src[i]].append(i)
+    # states without leaving epsilons keep their non-epsilon arcs as they are (vectorised); the others get
+    # the arcs leaving their epsilon closure (Python, per state)
+    has_eps = np.zeros(ns, bool)
+    has_eps[fsa.src[eps_ids]] = True
+    plain = np.nonzero(~is_eps & ~has_eps[fsa.src])[0] if ns else np.zeros(0, np.int64)
+    rs = np.searchsorted(fsa.src, np.arange(ns + 1)).tolist()     # arcs are sorted by src
+    eps_list = is_eps.tolist()
     o_src, o_dst, o_sc, paths = [], [], [], []
-    for s in range(max(ns - 1, 0)):
-        if not eps_out[s]:
-            clo = {s: [(0.0, ())]}
-        elif log_semiring:
-            clo = _closure_log(s, eps_out, dst, sc, contrib)
-        else:
-            clo = _closure_tropical(s, eps_out, dst, sc, ns)
+    for s in np.nonzero(has_eps)[0].tolist():
+        if s == ns - 1:
+            continue
+        clo = (_closure_log(s, eps_out, dst, sc, contrib) if log_semiring
+               else _closure_tropical(s, eps_out, dst, sc, ns))
         for t in sorted(clo):
             for v, path in clo[t]:
-                for a in leaving[t]:
+                for a in range(rs[t], rs[t + 1]):
+                    if eps_list[a]:
+                        continue
                     o_src.append(s)
                     o_dst.append(dst[a])
                     o_sc.append(v + sc[a])
                     paths.append(path + (a,))
-    lens = np.array([len(p) for p in paths], np.int64)
+    lens = np.concatenate([np.ones(len(plain), np.int64), np.array([len(p) for p in paths], np.int64)])
+    ids = np.concatenate([plain, np.fromiter((a for p in paths for a in p), np.int64, count=int(lens.sum()) -
+                                             len(plain))]).astype(np.int64)
+    o_src = np.concatenate([fsa.src[plain], np.asarray(o_src, np.int64)]).astype(np.int64)
+    o_dst = np.concatenate([fsa.dst[plain], np.asarray(o_dst, np.int64)]).astype(np.int64)
+    o_sc = np.concatenate([fsa.score[plain].astype(np.float64), np.asarray(o_sc, np.float64)])
     splits = np.concatenate([[0], np.cumsum(lens)])
-    ids = np.fromiter((a for p in paths for a in p), np.int64, count=int(splits[-1]))
-    core = build(o_src, o_dst, label[ids[splits[1:] - 1]] if len(paths) else [], o_sc, ns, {})
+    order = np.argsort(o_src, kind="stable")      # by src state; within a state the order built above
+    o_src, o_dst, o_sc, lens = o_src[order], o_dst[order], o_sc[order], lens[order]
+    ids = ids[np.repeat(splits[order] - np.concatenate([[0], np.cumsum(lens)])[:-1], lens) + np.arange(len(ids))]
+    splits = np.concatenate([[0], np.cumsum(lens)])
+    core = build(o_src, o_dst, label[ids[splits[1:] - 1]] if len(lens) else [], o_sc, ns, {})
     core, kept = connect(core, ret_arc_map=True)
     kept = np.asarray(kept, np.int64)
     k_splits = np.concatenate([[0], np.cumsum(lens[kept])])
