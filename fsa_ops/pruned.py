@@ -13,7 +13,10 @@ The recorded arcs form the lattice; a Viterbi backward pass over it removes arcs
 is more than ``output_beam`` below the best path (their score becomes ``-inf``).  Layout (static
 shapes): state ``t * K + k`` is slot ``k`` at frame ``t`` (``t <= D_b``), state ``(D_b + 1) * K``
 is final; arc ``(t * K + k) * Kout + j`` is the ``j``-th arc leaving slot ``k``'s state on frame
-``t``.  Arcs keep the graph's per-arc attributes; ``frame_idx_name`` adds the frame index.
+``t``.  Arcs keep the graph's per-arc attributes (0 on slots without a graph arc); ``frame_idx_name`` adds
+the frame index.
+The frame step (`pruned_frame_step`) and the lattice builder (`pruned_lattice`) are shared with
+:mod:`fsa_ops.online` (k2's ``OnlineDenseIntersecter``, the same search fed chunk by chunk).
 
 Memory is ``O(frames x K x Kout)`` per segment: suited to CTC topologies / modest graphs; for
 HLG-size graphs with very uneven out-degrees choose ``max_active_states`` accordingly.
@@ -36,10 +39,11 @@ from fsa_ops.dense_arcs import arc_layout
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
-__all__ = ["intersect_dense_pruned"]
+__all__ = ["intersect_dense_pruned", "PrunedConfig", "pruned_frame_step", "pruned_tables", "pruned_lattice"]
 
 
-class _PCfg(NamedTuple):
+class PrunedConfig(NamedTuple):
+    """Static settings of the beam search (S graph states, kout out-degree table width, K active slots)."""
     S: int
     kout: int
     K: int
@@ -49,7 +53,7 @@ class _PCfg(NamedTuple):
     dtype: object
 
 
-def pruned_frame_step(act, sc, lp_t, is_final, tab, cfg: _PCfg):
+def pruned_frame_step(act, sc, lp_t, is_final, tab, cfg: PrunedConfig):
     """One frame of the beam search.
 
     act [B, K] active graph states (-1 empty), sc [B, K] their Viterbi scores, lp_t [B, C].
@@ -91,13 +95,18 @@ def _time_major(lp, dtype):
     return jnp.concatenate([lp, jnp.full((1, B, C), NEG_INF, dtype)], axis=0)
 
 
+def pruned_tables(cfg: PrunedConfig, arcs):
+    """The graph's out-arc tables for `pruned_frame_step`: (arc, dst, label, score), each [B, S, kout]."""
+    B = arcs.src.shape[0]
+    lay = arc_layout(arcs, valid_arcs(arcs), arcs.src, arcs.dst, cfg.S, cfg.kout, cfg.dtype)
+    return tuple(x.reshape(B, cfg.S, cfg.kout) for x in (lay.arc, lay.other, lay.label, lay.score))
+
+
 @functools.partial(jax.jit, static_argnums=(0,))
-def _pruned_core(cfg: _PCfg, arcs, attrs, lp, dur):
-    B, A = arcs.src.shape
-    S, Ko, K, dtype = cfg.S, cfg.kout, cfg.K, cfg.dtype
-    valid = valid_arcs(arcs)
-    lay = arc_layout(arcs, valid, arcs.src, arcs.dst, S, Ko, dtype)
-    tab = tuple(x.reshape(B, S, Ko) for x in (lay.arc, lay.other, lay.label, lay.score))
+def _pruned_core(cfg: PrunedConfig, arcs, attrs, lp, dur):
+    B = arcs.src.shape[0]
+    K, dtype = cfg.K, cfg.dtype
+    tab = pruned_tables(cfg, arcs)
     lpT = _time_major(lp, dtype)
     Tp1 = lpT.shape[0]
     ns = arcs.num_states
@@ -111,6 +120,20 @@ def _pruned_core(cfg: _PCfg, arcs, attrs, lp, dur):
         return (nact, nsc), (sc, w, dst_slot, c_arc, c_lab)
 
     (_, _), (fwd, W, DS, CA, CL) = lax.scan(step, (act0, sc0), (jnp.arange(Tp1, dtype=jnp.int32), lpT))
+    return pruned_lattice(cfg, (fwd, W, DS, CA, CL), dur, ns > 0, bad_segments(arcs, lp, dur), attrs)
+
+
+def pruned_lattice(cfg: PrunedConfig, records, dur, nonempty, bad, attrs):
+    """The lattice arrays from the search's per-frame records, pruned with ``cfg.output_beam``.
+
+    records: (fwd [T+1, B, K] slot forward scores, W [T+1, B, K, kout] arc scores, DS dest slots (-1: none),
+    CA graph arc indices (-1: none, attributes get the filler 0), CL labels), frame-major; frame ``dur[b]`` is
+    segment b's final frame.  nonempty / bad [B] bool (bad: all arcs score NaN); attrs: name -> [B, A, ...].
+    Returns ((src, dst, label, score) [B, (T+1)*K*kout], attrs, frame index, num_states, num_arcs).
+    """
+    fwd, W, DS, CA, CL = records
+    Tp1, B, K, Ko = W.shape
+    dtype = fwd.dtype
     # best (Viterbi) total: slot 0 after the segment's final frame
     t_idx = jnp.arange(Tp1, dtype=jnp.int32)
     best = jnp.max(jnp.where((t_idx[:, None] == dur[None])[:, :, None, None], fwd[:, :, :, None] + W
@@ -143,7 +166,7 @@ def _pruned_core(cfg: _PCfg, arcs, attrs, lp, dur):
     score = jnp.where(keep, W, NEG_INF)
     # a segment with a NaN / +inf log-prob in a valid frame or graph score: all its arcs score NaN
     # (the search's comparisons would otherwise drop or keep them silently)
-    score = jnp.where(bad_segments(arcs, lp, dur)[None, :, None, None], jnp.nan, score)
+    score = jnp.where(bad[None, :, None, None], jnp.nan, score)
     in_range = t4 <= d4
 
     def flat(x, fill):
@@ -156,11 +179,13 @@ def _pruned_core(cfg: _PCfg, arcs, attrs, lp, dur):
     out_attrs = {}
     for name, v in attrs.items():
         g = jax.vmap(lambda c: jnp.take_along_axis(v, c.reshape(B, -1), axis=1))(ca)  # [T+1, B, K*Ko]
-        out_attrs[name] = flat(g.reshape((Tp1, B, K, Ko) + v.shape[2:]), 0)
+        g = g.reshape((Tp1, B, K, Ko) + v.shape[2:])
+        g = jnp.where((CA >= 0).reshape(CA.shape + (1,) * (g.ndim - 4)), g, jnp.zeros((), g.dtype))
+        out_attrs[name] = flat(g, 0)
     frame = flat(jnp.broadcast_to(t4, (Tp1, B, K, Ko)), 0)
     lat = (flat(src, 0).astype(jnp.int32), flat(dst, 0).astype(jnp.int32), flat(label, 0).astype(jnp.int32),
            flat(score, NEG_INF).astype(jnp.float32))
-    num_states = jnp.where(ns > 0, (dur + 1) * K + 1, 0).astype(jnp.int32)
+    num_states = jnp.where(nonempty, (dur + 1) * K + 1, 0).astype(jnp.int32)
     num_arcs = ((dur + 1) * K * Ko).astype(jnp.int32)
     return lat, out_attrs, frame, num_states, num_arcs
 
@@ -188,7 +213,7 @@ def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, outp
                          "on the host); call it outside jit or close over the graph")
     S = cfg0.S
     K = min(int(max_active_states), S)
-    cfg = _PCfg(S, cfg0.kout, K, float(search_beam), float(output_beam),
+    cfg = PrunedConfig(S, cfg0.kout, K, float(search_beam), float(output_beam),
                 min(int(min_active_states), K), cfg0.dtype)
     B = arcs.src.shape[0]
     a_batch = jnp.ndim(a_fsas.src) == 2
