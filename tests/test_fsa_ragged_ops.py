@@ -247,6 +247,11 @@ def test_intersect_compose_ragged_errors():
         compose(r, a)
     with pytest.raises(ValueError, match="'aux_labels' is on both"):
         intersect(r, a)
+    # a Ragged attribute of a_fsa (other than aux_labels) follows a's arcs through invert / arc_sort / intersect
+    t = Fsa.from_str("0 1 7 1 0\n0 1 8 2 0\n1 2 -1 -1 0\n2\n", acceptor=False).replace(
+        extra=Ragged.from_lists([[70], [80, 81], []]))
+    c = compose(t, arc_sort(Fsa.from_str("0 1 2 0\n1 2 -1 0\n2\n")))
+    assert c.labels.tolist() == [8, -1] and c.attrs["extra"].tolist() == [[80, 81], []]
     e = intersect(r, arc_sort(Fsa.from_str("0 1 5 0\n1 2 -1 0\n2\n")))   # no common path: empty, attrs kept
     assert int(e.num_states) == 0 and isinstance(e.aux_labels, Ragged) and len(e.aux_labels) == 0
 
@@ -307,6 +312,19 @@ def lexicon_fst():
     arcs.append((0, nxt, -1, -1, 0.0))
     text = "".join(f"{a} {b} {c} {d} {e}\n" for a, b, c, d, e in sorted(arcs, key=lambda x: x[0]))
     return Fsa.from_str(text + f"{nxt}\n", acceptor=False)
+
+
+def test_determinize_lg_keeps_relation():
+    # compose(L, G) with disambiguation symbols is functional: determinize keeps its whole weighted relation
+    LG = connect(compose(arc_sort(lexicon_fst()), arc_sort(Fsa.from_str(G_TEXT, acceptor=False))))
+    d = determinize(LG)
+    assert is_deterministic(d) and isinstance(d.aux_labels, Ragged)
+    assert len(d.labels) < len(LG.labels)
+    nb = dict(max_labels=6)
+    ok, msg = languages_close(weighted_language(d, False, "both", **nb), weighted_language(LG, False, "both", **nb))
+    assert ok, msg
+    ok, msg = languages_close(weighted_language(d, True, "both", **nb), weighted_language(LG, True, "both", **nb))
+    assert ok, msg   # (one path per label sequence here, so the log semiring agrees too)
 
 
 def compile_lg(log_semiring=False):
