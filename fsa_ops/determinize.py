@@ -28,10 +28,10 @@ import numpy as np
 
 from fsa_ops.connect import connect
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.host import build
+from fsa_ops.host import as_numpy, build
 from fsa_ops.properties import ARC_SORTED_AND_DETERMINISTIC, get_properties
 from fsa_ops.ragged import Ragged
-from fsa_ops.remove_epsilon import attrs_from_arc_paths, numpy_with_ragged
+from fsa_ops.remove_epsilon import attrs_from_arc_paths
 
 __all__ = ["determinize"]
 
@@ -189,7 +189,7 @@ def determinize(fsa: Fsa, log_semiring: bool = False, delta: float = 1e-6, max_s
     if not isinstance(log_semiring, (bool, np.bool_)):
         raise TypeError(f"determinize: log_semiring must be a bool, got {log_semiring!r} (k2's weight_pushing_type "
                         f"is not supported: this code does no weight pushing, k2's default)")
-    fsa = numpy_with_ragged(fsa)
+    fsa = as_numpy(fsa)
     if log_semiring and _is_transducer(fsa):
         raise ValueError("determinize: log_semiring=True needs an acceptor; integer or Ragged attributes "
                          f"{sorted(fsa.attrs)} are carried in the tropical semiring only (as k2)")

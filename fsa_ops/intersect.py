@@ -17,9 +17,8 @@ from typing import Optional
 import numpy as np
 
 from fsa_ops.fsa import Fsa, create_fsa_vec
-from fsa_ops.host import build, index_attr
+from fsa_ops.host import as_numpy, build, index_attr
 from fsa_ops.ragged import Ragged
-from fsa_ops.remove_epsilon import numpy_with_ragged
 from fsa_ops.sort import arc_sort
 from fsa_ops.unary import invert
 
@@ -113,10 +112,6 @@ def _is_float(v) -> bool:
     return not isinstance(v, Ragged) and np.asarray(v).dtype.kind == "f"
 
 
-def _take(v, arc_map):
-    return v.take(arc_map) if isinstance(v, Ragged) else index_attr(v, arc_map)
-
-
 def _check_shared_attrs(a: Fsa, b: Fsa):
     for k in a.attrs:
         if k in b.attrs and not (_is_float(a.attrs[k]) and _is_float(b.attrs[k])):
@@ -127,10 +122,10 @@ def _check_shared_attrs(a: Fsa, b: Fsa):
 def _attrs(a: Fsa, b: Fsa, ma, mb):
     out = {}
     for k, v in a.attrs.items():
-        out[k] = _take(v, ma) + _take(b.attrs[k], mb) if k in b.attrs else _take(v, ma)
+        out[k] = index_attr(v, ma) + index_attr(b.attrs[k], mb) if k in b.attrs else index_attr(v, ma)
     for k, v in b.attrs.items():
         if k not in a.attrs:
-            out[k] = _take(v, mb)
+            out[k] = index_attr(v, mb)
     return out
 
 
@@ -153,8 +148,8 @@ def intersect(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True, ret
     breadth-first discovery order from (0, 0), the final pair last; unreachable pairs never appear, but
     dead ends may (call connect). No accepting path gives the empty FSA. `ret_arc_maps`: also a_arc_map and
     b_arc_map (-1 where that side contributed no arc; per-FSA indexes, -1 padded for batches)."""
-    a = numpy_with_ragged(a_fsa, "a_fsa")
-    b = numpy_with_ragged(b_fsa, "b_fsa")
+    a = as_numpy(a_fsa, "a_fsa")
+    b = as_numpy(b_fsa, "b_fsa")
     _check_shared_attrs(a, b)
     if treat_epsilons_specially:
         for nm, f in (("a_fsa", a), ("b_fsa", b)):
@@ -190,8 +185,8 @@ def compose(a_fsa: Fsa, b_fsa: Fsa, treat_epsilons_specially: bool = True,
     Implemented as k2: intersect(arc_sort(invert(a_fsa)), b_fsa), then the result's labels are a_fsa's input
     labels and its aux_labels are b_fsa's aux_labels (or the matched labels if b_fsa is an acceptor);
     `inner_labels` names an attribute that receives the matched labels. b_fsa must be arc-sorted."""
-    a = numpy_with_ragged(a_fsa, "a_fsa")
-    b = numpy_with_ragged(b_fsa, "b_fsa")
+    a = as_numpy(a_fsa, "a_fsa")
+    b = as_numpy(b_fsa, "b_fsa")
     if "aux_labels" not in a.attrs or isinstance(a.attrs["aux_labels"], Ragged) \
             or np.asarray(a.attrs["aux_labels"]).ndim != a.label.ndim:
         raise ValueError("compose: a_fsa must have aux_labels with one label per arc (not Ragged, as k2)")

@@ -24,21 +24,7 @@ from fsa_ops.host import as_numpy, build
 from fsa_ops.ragged import Ragged
 from fsa_ops.unary import add_epsilon_self_loops
 
-__all__ = ["remove_epsilon", "remove_epsilon_and_add_self_loops", "attrs_from_arc_paths", "numpy_with_ragged"]
-
-
-def numpy_with_ragged(fsa: Fsa, name: str = "fsa") -> Fsa:
-    """`host.as_numpy` that also accepts `Ragged` attributes (converted to numpy Raggeds)."""
-    if not isinstance(fsa, Fsa):
-        raise TypeError(f"{name}: expected an Fsa, got {type(fsa).__name__}")
-    rag = {k: v.numpy() for k, v in fsa.attrs.items() if isinstance(v, Ragged)}
-    out = as_numpy(fsa.replace(**{k: None for k in rag}), name)
-    for k, v in rag.items():
-        if v.ndim != out.label.ndim + 1 or np.shape(v.lengths) != np.shape(out.label):
-            raise ValueError(f"{name}: Ragged attribute {k!r} has rows of shape {np.shape(v.lengths)}, the arcs "
-                             f"have shape {np.shape(out.label)}")
-        out.attrs[k] = v
-    return out
+__all__ = ["remove_epsilon", "remove_epsilon_and_add_self_loops", "attrs_from_arc_paths"]
 
 
 def attrs_from_arc_paths(fsa: Fsa, row_splits, arc_ids, name_zero_free=("aux_labels",),
@@ -214,7 +200,7 @@ def _remove_epsilon_one(fsa: Fsa, log_semiring: bool, remove_filler: bool = True
 
 def remove_epsilon(fsa: Fsa, log_semiring: bool = False) -> Fsa:
     """Remove epsilon arcs (label 0); see the module docstring. Single Fsa or batch: [B, A] in, [B, A'] out."""
-    fsa = numpy_with_ragged(fsa)
+    fsa = as_numpy(fsa)
     if not fsa.is_batch:
         return _remove_epsilon_one(fsa, log_semiring)
     return create_fsa_vec([_remove_epsilon_one(f, log_semiring) for f in fsa])
@@ -226,7 +212,7 @@ def remove_epsilon_and_add_self_loops(fsa: Fsa, remove_filler: bool = True, log_
     of a batch) only gets the self-loops, its attributes unchanged; otherwise attributes turn ragged as in
     `remove_epsilon`, keeping 1-D integer attributes' fillers if not `remove_filler` and the 0s of a Ragged
     aux_labels. The self-loops' ragged attributes are empty rows (0 for float ones)."""
-    fsa = numpy_with_ragged(fsa)
+    fsa = as_numpy(fsa)
     if not _any_real_epsilon(fsa):
         return add_epsilon_self_loops(fsa)
     if not fsa.is_batch:
