@@ -21,6 +21,7 @@ from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec  # noqa: E402
 from fsa_ops.graphs import ctc_topo  # noqa: E402
 from fsa_ops.intersect import compose, intersect  # noqa: E402
 from fsa_ops.properties import ARC_SORTED, get_properties, is_deterministic  # noqa: E402
+from fsa_ops.random_fsa import is_rand_equivalent, random_fsa  # noqa: E402
 from fsa_ops.ragged import Ragged  # noqa: E402
 from fsa_ops.remove_epsilon import attrs_from_arc_paths, remove_epsilon, remove_epsilon_and_add_self_loops  # noqa
 from fsa_ops.shortest_path import shortest_path  # noqa: E402
@@ -170,6 +171,29 @@ def test_determinize_functional_transducer_is_equivalent(f):
     nb = dict(max_labels=3, max_arcs=12)
     ok, msg = languages_close(weighted_language(d, False, "both", **nb), weighted_language(f, False, "both", **nb))
     assert ok, msg
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_determinize_k2_random(seed):
+    # k2's determinize_test.py test_random: random_fsa -> remove_epsilon -> connect -> arc_sort -> determinize is
+    # rand-equivalent (tropical, delta 1e-3); here also as a transducer (aux_labels = arc number, ragged)
+    f = random_fsa(max_symbol=20, min_num_arcs=50, max_num_arcs=500, seed=seed)
+    f = f.replace(aux_labels=np.where(f.label == -1, -1, np.arange(1, len(f.label) + 1)).astype(np.int32))
+    g = arc_sort(connect(remove_epsilon(f)))
+    assert isinstance(g.aux_labels, Ragged) and not is_deterministic(g)
+    for h in (g, g.replace(aux_labels=None)):
+        d = determinize(h)
+        assert is_deterministic(d) and is_rand_equivalent(g, d, False, delta=1e-3, seed=seed)
+    # k2's test1 as a transducer
+    arcs = np.array([(0, 4, 1), (0, 1, 1), (1, 2, 2), (1, 3, 3), (2, 7, 1), (3, 7, 1), (4, 6, 1), (4, 6, 1),
+                     (4, 5, 1), (4, 8, -1), (5, 8, -1), (6, 8, -1), (7, 8, -1)])
+    t = Fsa.from_arcs(arcs[:, 0], arcs[:, 1], arcs[:, 2], np.array([1, 1, 2, 3, 4, 5, 2, 3, 3, 2, 4, 3, 5], np.float32),
+                      num_states=9, aux_labels=np.where(arcs[:, 2] == -1, -1, np.arange(10, 23)))
+    d = determinize(t)
+    assert is_rand_equivalent(t, d, False) and is_deterministic(d)
+    exp = best_by_labels(t)
+    for (x, y), sc in weighted_language(d, False, "both").items():
+        assert sc == pytest.approx(exp[x][0]) and y in exp[x][1]
 
 
 def test_determinize_transducer_examples_and_errors():
