@@ -1,0 +1,356 @@
+"""CTC prefix beam search on device: jit-compiled, batched, fixed shapes, with optional LM fusion, a lexicon
+constraint and hotword boosting.
+
+Every hypothesis is a label sequence (prefix) with two log-probabilities (log semiring, float32): `pb` of the
+alignments of the frames so far that collapse to it and end in a blank, `pnb` of those that end in its last token.
+Per frame each prefix either stays (blank, or its last token again) or grows by one token (a repeat of its last
+token only after a blank); a grown prefix equal to a prefix already in the beam is merged into it (logaddexp), so the
+scores are sums over alignments. The `beam` best prefixes by total score survive each frame.
+
+The beam is a set of arrays: last token, length, a 64-bit rolling hash of the prefix and of its parent (prefix minus
+last token) for merging, the fused scores and the LM / lexicon / hotword states. The token history is not copied per
+frame: each frame records for every beam slot its parent slot and the token it added (-1: none), and the n-best
+are traced back at the end. Hypothesis lengths are bounded by the number of frames (L = T).
+
+Score of a hypothesis (what ranks the beam and the n-best):
+    total = acoustic + lm_weight * lm + word_bonus * words + hotword bonus + oov_penalty * (out-of-lexicon words)
+with `acoustic` = log of the summed probability of all its alignments, `lm` = the LM log-probability (natural log)
+of its tokens (lm_level="token") or words (lm_level="word", needs a lexicon), including the end of sentence, and
+`words` = completed words (with a lexicon) or emitted tokens (without one).
+
+LM interface (a pytree, so it is a jit argument): ``start_state() -> state``, ``advance(states, ids) -> (states,
+log_probs)`` elementwise over broadcast arrays of int32 states and ids, ``final(states) -> log_probs`` of the end of
+sentence. Token-level ids are CTC token ids; word-level ids come from the lexicon (its `unk_id` for other words).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jasr.lexicon import Hotwords, Lexicon, hotword_step, lexicon_child
+
+__all__ = ["BeamSearchResult", "ctc_prefix_beam_search", "nbest_lists", "word_timestamps"]
+
+_NEG = -jnp.inf
+_H1, _H2 = np.uint32(1000003), np.uint32(0x5BD1E995)   # odd multipliers of the two hash lanes
+
+
+class BeamSearchResult(NamedTuple):
+    """n-best hypotheses, best first. tokens / token_frames: [B, N, T] int32 (padded with -1; the frame at which each
+    token entered the hypothesis); lengths [B, N] int32; scores, acoustic, lm: [B, N] float32 (-inf: no hypothesis);
+    words: [B, N] int32 (what word_bonus counted)."""
+    tokens: jax.Array
+    lengths: jax.Array
+    scores: jax.Array
+    acoustic: jax.Array
+    lm: jax.Array
+    words: jax.Array
+    token_frames: jax.Array
+
+
+class _Beam(NamedTuple):
+    pb: jax.Array        # [K] log P(alignments ending in blank)
+    pnb: jax.Array       # [K] log P(alignments ending in the last token)
+    fus: jax.Array       # [K] non-acoustic part of the total score
+    lm: jax.Array        # [K] unweighted LM log-prob so far
+    words: jax.Array     # [K] int32
+    last: jax.Array      # [K] int32, -1 for the empty prefix
+    length: jax.Array    # [K] int32
+    h: jax.Array         # [K, 2] uint32 hash of the prefix
+    ph: jax.Array        # [K, 2] uint32 hash of the parent prefix
+    node: jax.Array      # [K] int32 lexicon trie node (0: between words, -1: outside the lexicon)
+    ctx: jax.Array       # [K] int32 hotword automaton node
+    lm_state: Any        # pytree of [K, ...] arrays
+
+
+def _hash(h: jax.Array, tok: jax.Array) -> jax.Array:
+    t = (tok.astype(jnp.uint32) + jnp.uint32(1))[..., None]
+    return h * jnp.array([_H1, _H2]) + t * jnp.array([1, 0x9E3779B9], jnp.uint32)
+
+
+def _take(tree, idx):
+    return jax.tree.map(lambda a: a[idx], tree)
+
+
+class _Opts(NamedTuple):
+    beam: int
+    nbest: int
+    blank_id: int
+    topk: int
+    lm_level: str | None
+    constrain: bool
+
+
+class _Weights(NamedTuple):
+    lm_weight: jax.Array
+    word_bonus: jax.Array
+    oov_penalty: jax.Array
+    token_min_logp: jax.Array
+    beam_prune_logp: jax.Array
+
+
+def _word_step(lex: Lexicon, node, tok):
+    """Lexicon bookkeeping of emitting `tok` after trie node `node` (broadcast): (completes a word, next node)."""
+    bnd, ws = lex.boundary[tok], lex.word_start[tok]
+    completes = (bnd | ws) & (node != 0)
+    nxt = jnp.where(bnd, 0, lexicon_child(lex, jnp.where(ws, 0, node), tok))
+    return completes, nxt
+
+
+def _word_id(lex: Lexicon, node):
+    wid = jnp.where(node > 0, lex.word[jnp.maximum(node, 0)], -1)
+    return wid, jnp.where(wid >= 0, wid, lex.unk_id)
+
+
+def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam, lp, pad):
+    """One frame for one utterance: beam [K] -> beam [K] and (parent slot [K], added token [K])."""
+    K = o.beam
+    ab = jnp.logaddexp(s.pb, s.pnb)
+    alive = ab > _NEG
+    lp_last = lp[jnp.maximum(s.last, 0)]
+    # stay: blank, or the last token again
+    st_pb = ab + lp[o.blank_id]
+    st_pnb = jnp.where(s.length > 0, s.pnb + lp_last, _NEG)
+    # a beam prefix whose parent is in the beam also grows out of it this frame: merge
+    match = (alive[:, None] & alive[None, :] & jnp.all(s.ph[:, None] == s.h[None, :], -1)
+             & (s.length[:, None] == s.length[None, :] + 1))                       # [k', k]
+    par = jnp.argmax(match, axis=1)
+    into = jnp.where(s.last == s.last[par], s.pb[par], ab[par]) + lp_last
+    st_pnb = jnp.logaddexp(st_pnb, jnp.where(match.any(1), into, _NEG))
+    st_total = jnp.logaddexp(st_pb, st_pnb) + s.fus
+    # grow: candidate tokens of this frame
+    lp_nb = lp.at[o.blank_id].set(_NEG)
+    if o.topk < lp.shape[0]:
+        c_lp, c_tok = jax.lax.top_k(lp_nb, o.topk)
+    else:
+        c_lp, c_tok = lp_nb, jnp.arange(lp.shape[0], dtype=jnp.int32)
+    c_ok = (c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp))
+    C = c_tok.shape[0]
+    e_pnb = jnp.where(c_tok[None] == s.last[:, None], s.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
+    dup = (match[:, :, None] & (s.last[:, None, None] == c_tok[None, None, :])).any(0)             # [K, C]
+    e_ok = alive[:, None] & c_ok[None] & ~dup & (c_lp[None] > _NEG)
+    tok = jnp.broadcast_to(c_tok[None], (K, C))
+    zero = jnp.zeros((K, C), jnp.float32)
+    d_lm, d_words, d_fus = zero, jnp.ones((K, C), jnp.int32), zero
+    node = jnp.broadcast_to(s.node[:, None], (K, C))
+    lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K, C) + a.shape[1:]), s.lm_state)
+    if lex is not None:
+        completes, node = _word_step(lex, s.node[:, None], tok)
+        wid, lm_wid = _word_id(lex, s.node)
+        d_words = completes.astype(jnp.int32)
+        in_word = (s.node[:, None] > 0) & (wid[:, None] < 0)     # completing a partial word that is no word
+        starts = lex.boundary[tok] | lex.word_start[tok]
+        new_oov = (node < 0) & ((s.node[:, None] >= 0) | starts)
+        if o.constrain:
+            e_ok &= (node >= 0) & ~(completes & in_word)
+        else:
+            d_fus += w.oov_penalty * ((completes & in_word).astype(jnp.float32) + new_oov)
+        if o.lm_level == "word":
+            adv_state, adv_lp = lm.advance(s.lm_state, lm_wid)
+            d_lm = jnp.where(completes, adv_lp[:, None], 0.0)
+            lm_state = jax.tree.map(
+                lambda a, b: jnp.where(completes.reshape(completes.shape + (1,) * (a.ndim - 2)), a[:, None], b),
+                adv_state, lm_state)
+    if o.lm_level == "token":
+        lm_state, d_lm = lm.advance(lm_state, tok)
+    ctx = jnp.broadcast_to(s.ctx[:, None], (K, C))
+    if hot is not None:
+        ctx, d_hot = hotword_step(hot, ctx, tok)
+        d_fus += d_hot
+    e_fus = s.fus[:, None] + d_fus + w.lm_weight * d_lm + w.word_bonus * d_words
+    e_total = jnp.where(e_ok, e_pnb + e_fus, _NEG)
+    # prune: the beam best of stay + grow candidates, none below best + beam_prune_logp
+    total = jnp.concatenate([st_total, e_total.reshape(-1)])
+    total = jnp.where(total >= total.max() + w.beam_prune_logp, total, _NEG)
+    _, idx = jax.lax.top_k(total, K)
+    grown = idx >= K
+    k = jnp.where(grown, (idx - K) // C, idx)
+    j = jnp.where(grown, (idx - K) % C, 0)
+    gtok = c_tok[j]
+    flat = lambda a, b: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), b[k, j], a[k])  # noqa: E731
+    new = _Beam(
+        pb=jnp.where(grown, _NEG, st_pb[k]), pnb=jnp.where(grown, e_pnb[k, j], st_pnb[k]),
+        fus=jnp.where(grown, e_fus[k, j], s.fus[k]), lm=jnp.where(grown, s.lm[k] + d_lm[k, j], s.lm[k]),
+        words=jnp.where(grown, s.words[k] + d_words[k, j], s.words[k]), last=jnp.where(grown, gtok, s.last[k]),
+        length=s.length[k] + grown, h=jnp.where(grown[:, None], _hash(s.h[k], gtok), s.h[k]),
+        ph=jnp.where(grown[:, None], s.h[k], s.ph[k]), node=jnp.where(grown, node[k, j], s.node[k]),
+        ctx=jnp.where(grown, ctx[k, j], s.ctx[k]),
+        lm_state=jax.tree.map(flat, s.lm_state, lm_state))
+    # entries that lost all their probability stay dead
+    dead = jnp.take(total, idx) == _NEG
+    new = new._replace(pb=jnp.where(dead, _NEG, new.pb), pnb=jnp.where(dead, _NEG, new.pnb))
+    keep = pad >= 0.5
+    new = jax.tree.map(lambda a, b: jnp.where(keep, a, b), s, new)
+    parent = jnp.where(keep, jnp.arange(K, dtype=jnp.int32), k.astype(jnp.int32))
+    added = jnp.where(keep | ~grown, -1, gtok).astype(jnp.int32)
+    return new, (parent, added)
+
+
+def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam):
+    """End of utterance: the open word, the LM's end of sentence, unfinished hotwords. -> (total, lm, words)."""
+    fus, lm_total, words = s.fus, s.lm, s.words
+    ok = (s.pb > _NEG) | (s.pnb > _NEG)
+    lm_state = s.lm_state
+    if lex is not None:
+        open_word = s.node != 0
+        wid, lm_wid = _word_id(lex, s.node)
+        words = words + open_word
+        fus = fus + w.word_bonus * open_word
+        not_word = (s.node > 0) & (wid < 0)
+        if o.constrain:
+            ok &= (s.node == 0) | (wid >= 0)
+        else:
+            fus = fus + w.oov_penalty * not_word
+        if o.lm_level == "word":
+            adv_state, adv_lp = lm.advance(s.lm_state, lm_wid)
+            lm_total = lm_total + jnp.where(open_word, adv_lp, 0.0)
+            fus = fus + w.lm_weight * jnp.where(open_word, adv_lp, 0.0)
+            lm_state = jax.tree.map(
+                lambda a, b: jnp.where(open_word.reshape(open_word.shape + (1,) * (a.ndim - 1)), a, b),
+                adv_state, s.lm_state)
+    if lm is not None:
+        end = lm.final(lm_state)
+        lm_total = lm_total + end
+        fus = fus + w.lm_weight * end
+    if hot is not None:
+        fus = fus - hot.score[s.ctx]
+    acoustic = jnp.logaddexp(s.pb, s.pnb)
+    total = jnp.where(ok, acoustic + fus, _NEG)
+    return total, jnp.where(ok, acoustic, _NEG), lm_total, words
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSearchResult:
+    B, T, V = log_probs.shape
+    K, N = o.beam, o.nbest
+    first = jnp.arange(K) == 0
+    lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (B, K) + jnp.shape(a)),
+                            lm.start_state() if lm is not None else jnp.zeros((), jnp.int32))
+    zi = jnp.zeros((B, K), jnp.int32)
+    beam = _Beam(pb=jnp.broadcast_to(jnp.where(first, 0.0, _NEG), (B, K)), pnb=jnp.full((B, K), _NEG),
+                 fus=jnp.zeros((B, K)), lm=jnp.zeros((B, K)), words=zi, last=zi - 1, length=zi,
+                 h=jnp.zeros((B, K, 2), jnp.uint32), ph=jnp.ones((B, K, 2), jnp.uint32), node=zi, ctx=zi,
+                 lm_state=lm_state)
+    frame = jax.vmap(functools.partial(_frame, o, w, lm, lex, hot))
+
+    def step(s, x):
+        return frame(s, x[0], x[1])
+
+    lp = jnp.moveaxis(log_probs.astype(jnp.float32), 1, 0)
+    beam, (parents, added) = jax.lax.scan(step, beam, (lp, jnp.moveaxis(paddings, 1, 0)))   # [T, B, K]
+    total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot))(beam)
+    scores, sel = jax.lax.top_k(total, N)                                                   # [B, N]
+    take = jax.vmap(lambda a, i: a[i])
+    lengths = jnp.where(scores > _NEG, take(beam.length, sel), 0)
+
+    def back(carry, x):   # walk the backpointers from the last frame
+        slot, pos = carry
+        par, add, t = x
+        tk = take(add, slot)
+        pos = pos - (tk >= 0)
+        return (take(par, slot), pos), (tk, jnp.where(tk >= 0, pos, T), jnp.full_like(tk, t))
+
+    _, (toks, pos, frames) = jax.lax.scan(back, (sel, lengths), (parents, added, jnp.arange(T)), reverse=True)
+    bi, ni = jnp.meshgrid(jnp.arange(B), jnp.arange(N), indexing="ij")
+    bi, ni = jnp.broadcast_to(bi, (T, B, N)), jnp.broadcast_to(ni, (T, B, N))
+    tokens = jnp.full((B, N, T), -1, jnp.int32).at[bi, ni, pos].set(toks, mode="drop")
+    token_frames = jnp.full((B, N, T), -1, jnp.int32).at[bi, ni, pos].set(frames, mode="drop")
+    dead = scores == _NEG
+    return BeamSearchResult(tokens, lengths, scores, take(acoustic, sel), jnp.where(dead, 0.0, take(lm_total, sel)),
+                            jnp.where(dead, 0, take(words, sel)), token_frames)
+
+
+def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | None = None, blank_id: int = 0,
+                           token_topk: int | None = None, token_min_logp: float | None = None,
+                           beam_prune_logp: float | None = None, lm: Any = None, lm_weight: float = 0.0,
+                           lm_level: str = "token", word_bonus: float = 0.0, lexicon: Lexicon | None = None,
+                           constrain_to_lexicon: bool = False, oov_penalty: float = 0.0,
+                           hotwords: Hotwords | None = None) -> BeamSearchResult:
+    """CTC prefix beam search over a batch (see the module docstring for the score).
+
+    Args:
+      log_probs: [B, T, V] float log-softmax outputs (log semiring; float32 inside). paddings: [B, T], 1.0 = padded
+        frame (leaves the beam unchanged).
+      beam: prefixes kept per frame (static). nbest: hypotheses returned (<= beam; default: beam).
+      token_topk: grow prefixes by at most this many tokens per frame (static; default: all).
+      token_min_logp: grow only by tokens with log-prob >= this (the frame's best token always).
+      beam_prune_logp: drop candidates scoring below the frame's best + this (a negative number).
+      lm, lm_weight, lm_level: LM fusion ("token": each emitted token, "word": each completed word, needs
+        `lexicon`). word_bonus: per completed word with a lexicon, per emitted token without one.
+      lexicon: word trie (jasr.lexicon); constrain_to_lexicon: only prefixes spelling lexicon words survive;
+        oov_penalty: added per out-of-lexicon word (when it leaves the lexicon) where not constrained.
+      hotwords: context-biasing automaton (jasr.lexicon.make_hotwords).
+    Returns:
+      BeamSearchResult, [B, N, ...], best first; tokens padded to T with -1.
+    """
+    log_probs, paddings = jnp.asarray(log_probs), jnp.asarray(paddings)
+    if log_probs.ndim != 3 or not jnp.issubdtype(log_probs.dtype, jnp.floating):
+        raise ValueError(f"log_probs must be a float [B, T, V] array, got {log_probs.dtype} {log_probs.shape}")
+    if paddings.shape != log_probs.shape[:2]:
+        raise ValueError(f"paddings {paddings.shape} must be [B, T] = {log_probs.shape[:2]}")
+    V = log_probs.shape[2]
+    if not isinstance(beam, (int, np.integer)) or beam < 1:
+        raise ValueError(f"beam must be an int >= 1, got {beam!r}")
+    nbest = beam if nbest is None else nbest
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
+    if not 0 <= blank_id < V:
+        raise ValueError(f"blank_id {blank_id} outside [0, {V})")
+    if token_topk is not None and not 1 <= token_topk:
+        raise ValueError(f"token_topk must be >= 1, got {token_topk}")
+    topk = V if token_topk is None else min(int(token_topk), V - 1)
+    if lm_level not in ("token", "word"):
+        raise ValueError(f"lm_level must be 'token' or 'word', got {lm_level!r}")
+    if lm is not None and not all(hasattr(lm, a) for a in ("start_state", "advance", "final")):
+        raise ValueError("lm must have start_state(), advance(states, ids) and final(states)")
+    if lm is not None and lm_level == "word" and lexicon is None:
+        raise ValueError("lm_level='word' needs a lexicon (token prefix -> word id)")
+    if constrain_to_lexicon and lexicon is None:
+        raise ValueError("constrain_to_lexicon=True needs a lexicon")
+    for name, table in (("lexicon", lexicon and lexicon.boundary), ("hotwords", hotwords and hotwords.goto)):
+        if table is not None and table.shape[-1] != V:
+            raise ValueError(f"{name} is built for {table.shape[-1]} tokens, log_probs has V={V}")
+    if lexicon is not None and bool(lexicon.boundary[blank_id] | lexicon.word_start[blank_id]):
+        raise ValueError("lexicon: the blank cannot be a boundary or word-start token")
+    for name, val in (("token_min_logp", token_min_logp), ("beam_prune_logp", beam_prune_logp)):
+        if val is not None and val > 0:
+            raise ValueError(f"{name} must be <= 0 (a log-probability offset), got {val}")
+    o = _Opts(int(beam), int(nbest), int(blank_id), topk, lm_level if lm is not None else None,
+              bool(constrain_to_lexicon))
+    f32 = lambda x, d: jnp.float32(d if x is None else x)  # noqa: E731
+    w = _Weights(f32(lm_weight, 0.0), f32(word_bonus, 0.0), f32(oov_penalty, 0.0), f32(token_min_logp, -np.inf),
+                 f32(beam_prune_logp, -np.inf))
+    return _search(o, w, lm, lexicon, hotwords, log_probs, paddings.astype(jnp.float32))
+
+
+def nbest_lists(result: BeamSearchResult) -> list[list[tuple[list[int], float]]]:
+    """Host view: per utterance, [(token ids, total score), ...] best first, without empty slots."""
+    toks, lens, scores = (np.asarray(a) for a in jax.device_get((result.tokens, result.lengths, result.scores)))
+    return [[(toks[b, n, :lens[b, n]].tolist(), float(scores[b, n])) for n in range(toks.shape[1])
+             if scores[b, n] > -np.inf] for b in range(toks.shape[0])]
+
+
+def word_timestamps(tokens: Sequence[int], token_frames: Sequence[int], boundary_ids: Sequence[int] = (),
+                    word_start_ids: Sequence[int] = (), frame_shift: float = 0.01, num_frames: int | None = None
+                    ) -> list[tuple[list[int], float, float]]:
+    """Words of one hypothesis with times: [(token ids, start s, end s)]. A word starts at its first token's frame
+    and ends where the next token starts (the last word: one frame after its last token, or at num_frames)."""
+    bset, sset = set(int(t) for t in boundary_ids), set(int(t) for t in word_start_ids)
+    tokens, frames = [int(t) for t in tokens], [int(f) for f in token_frames][:len(tokens)]
+    words, cur = [], None
+    for i, (t, f) in enumerate(zip(tokens, frames)):
+        if t in bset or t in sset:
+            if cur is not None:
+                words.append((cur[0], cur[1], f))
+            cur = ([t], f) if t in sset else None
+        elif cur is None:
+            cur = ([t], f)
+        else:
+            cur[0].append(t)
+    if cur is not None:
+        words.append((cur[0], cur[1], num_frames if num_frames is not None else frames[-1] + 1))
+    return [(w, s * frame_shift, e * frame_shift) for w, s, e in words]
