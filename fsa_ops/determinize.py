@@ -137,8 +137,9 @@ def _determinize_transducer(fsa: Fsa, max_states: int) -> Fsa:
     while q < len(keys):
         base, seq = keys[q]
         by_label = {}
-        for t in sorted(elems[q]):
-            w, path = elems[q][t]
+        cur, elems[q] = elems[q], None       # (processed once: free it)
+        for t in sorted(cur):
+            w, path = cur[t]
             for a in leaving[t]:
                 nxt = by_label.setdefault(lab[a], {})
                 old = nxt.get(dst[a])

@@ -155,7 +155,7 @@ def _remove_epsilon_one(fsa: Fsa, log_semiring: bool, remove_filler: bool = True
         raise ValueError("remove_epsilon: log_semiring=True needs an input without epsilon cycles")
     contrib = []   # per integer attribute: what each arc adds to an output arc's value (for the log grouping)
     if log_semiring and len(eps_ids):
-        one = attrs_from_arc_paths(fsa, np.arange(len(label) + 1), np.arange(len(label)))
+        one = attrs_from_arc_paths(fsa, np.arange(len(label) + 1), np.arange(len(label)), zero_free, remove_filler)
         contrib = [[tuple(r) for r in v.tolist()] for v in one.values() if isinstance(v, Ragged)]
     # states without leaving epsilons keep their non-epsilon arcs as they are (vectorised); the others get
     # the arcs leaving their epsilon closure (Python, per state)
