@@ -151,18 +151,25 @@ def _batch(fsa, name: str) -> Fsa:
     return fsa
 
 
-def _word_rows(fsa: Fsa, b: int, arcs) -> list:
-    """Words (> 0) along arcs `arcs` of FSA `b`: aux_labels (1-D or Ragged) or labels for an acceptor."""
-    arcs = np.asarray(arcs, np.int64)
+def word_reader(fsa: Fsa):
+    """A host function ``(b, arcs) -> list of words (> 0)`` along arcs `arcs` of FSA `b` of a batch: aux_labels
+    (1-D or Ragged) or, for an acceptor, labels (the arrays are copied to numpy once)."""
     aux = fsa.attrs.get("aux_labels")
-    if aux is None:
-        w = np.asarray(fsa.label)[b, arcs]
-    elif is_ragged(aux):
-        vals, lens = np.asarray(aux.values)[b, arcs], np.asarray(aux.lengths)[b, arcs]
-        w = vals[np.arange(vals.shape[-1])[None, :] < lens[:, None]]
-    else:
-        w = np.asarray(aux)[b, arcs]
-    return [int(x) for x in w if x > 0]
+    if is_ragged(aux):
+        vals, lens = np.asarray(aux.values), np.asarray(aux.lengths)
+        cols = np.arange(vals.shape[-1])
+
+        def read(b, arcs):
+            arcs = np.asarray(arcs, np.int64)
+            w = vals[b, arcs][cols[None, :] < lens[b, arcs][:, None]]
+            return [int(x) for x in w if x > 0]
+        return read
+    lab = np.asarray(fsa.label if aux is None else aux)
+
+    def read(b, arcs):
+        w = lab[b, np.asarray(arcs, np.int64)]
+        return [int(x) for x in w[w > 0]]
+    return read
 
 
 def path_fsas(lattice: Fsa, utt: np.ndarray, arcs: Sequence[Sequence[int]]) -> Fsa:
@@ -223,8 +230,9 @@ def _word_acceptor(fsa: Fsa, b: int, score: np.ndarray) -> Fsa:
         return build(src, dst, word, sc, ns, {_ARC: np.arange(na)})
     extra = 0
     o_src, o_dst, o_lab, o_sc, o_arc = [], [], [], [], []
+    read = word_reader(fsa)
     for i in range(na):
-        words = _word_rows(fsa, b, [i])
+        words = read(b, [i])
         seq = words + [-1] if lab[i] == -1 else (words or [0])
         cur = int(src[i])
         for j, w in enumerate(seq):
@@ -271,6 +279,7 @@ class Nbest:
         paths, lengths = random_paths(scaled, use_double_scores, num_paths, key=key, positions=positions)
         paths, lengths = np.asarray(paths), np.asarray(lengths)
         utt, kept, splits = [], [], [0]
+        read = word_reader(lattice)
         for b in range(len(lattice)):
             seen = set()
             for i in range(paths.shape[1]):
@@ -278,7 +287,7 @@ class Nbest:
                 if n == 0:
                     continue
                 arcs = paths[b, i, :n].tolist()
-                words = tuple(_word_rows(lattice, b, arcs))
+                words = tuple(read(b, arcs))
                 if words not in seen:
                     seen.add(words)
                     utt.append(b)
@@ -290,7 +299,8 @@ class Nbest:
     def words(self) -> list:
         """The word sequence of each path (aux_labels or, for acceptors, labels; 0 and -1 dropped)."""
         na = np.asarray(self.fsa.num_arcs)
-        return [_word_rows(self.fsa, n, np.arange(na[n])) for n in range(len(self.fsa))]
+        read = word_reader(self.fsa)
+        return [read(n, np.arange(na[n])) for n in range(len(self.fsa))]
 
     def intersect(self, lattice: Fsa, use_double_scores: bool = True) -> "Nbest":
         """Score each path's word sequence with `lattice` (icefall's ``Nbest.intersect``): the best path of

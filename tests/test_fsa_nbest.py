@@ -7,13 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 import fsa_ops as k2
 from fsa_ops.mwer import levenshtein_alignment, mwer_loss
-from fsa_ops.nbest import Nbest, NbestShape
+from fsa_ops.nbest import Nbest, NbestShape, PathScores
 from fsa_ops.ragged import Ragged
 from fsa_ops.random_paths import k2_path_positions
-from tests.fsa_oracle import enumerate_paths, weighted_language
+from tests.fsa_oracle import enumerate_paths, random_fsa_vecs, weighted_language
 
 pytestmark = pytest.mark.filterwarnings("ignore::fsa_ops.scores.Float32ScoresWarning")
 
@@ -175,6 +176,58 @@ def test_intersect_with_other_lattice_and_broadcast():
     # paths G lacks are empty FSAs and stay empty when intersected again
     again = np.asarray(lm.intersect(lat, use_double_scores=False).tot_scores().values)
     np.testing.assert_array_equal(np.isneginf(again), np.isneginf(np.asarray(lm.tot_scores().values)))
+
+
+def _padded(lat, A=16, S=5):
+    """The batch with A arc slots and max_states S (fewer compiled shapes across hypothesis examples)."""
+    pad = A - lat.label.shape[1]
+    p2 = lambda x, v: np.pad(np.asarray(x), ((0, 0), (0, pad)), constant_values=v)  # noqa: E731
+    return k2.Fsa(p2(lat.src, 0), p2(lat.dst, 0), p2(lat.label, 0), p2(lat.score, -np.inf), lat.num_states,
+                  lat.num_arcs, {k: p2(v, 0) for k, v in lat.attrs.items()}, max_states=S)
+
+
+@settings(max_examples=6, deadline=None)
+@given(random_fsa_vecs(min_size=2, max_size=2, max_states=5, max_arcs=8, aux_labels=True))
+def test_random_lattices_against_oracle(lat):
+    lat = _padded(lat)
+    nb = Nbest.from_lattice(lat, 12, key=jax.random.PRNGKey(0), use_double_scores=False, nbest_scale=0.7)
+    best = nb.intersect(lat, use_double_scores=False)
+    rows = nb.shape.row_splits(1)
+    for u in range(len(lat)):
+        lang = weighted_language(lat[u], log_semiring=False, key="aux_labels")
+        paths = {p.arcs: p.score for p in enumerate_paths(lat[u])}
+        words = nb.words()[rows[u]:rows[u + 1]]
+        assert len({tuple(w) for w in words}) == len(words)
+        if not any(v > -math.inf for v in lang.values()):
+            assert words == []
+        for j, w in enumerate(words):
+            n = rows[u] + j
+            assert paths[tuple(nb.kept_path.tolist()[n])] > -math.inf
+            assert float(nb.tot_scores().values[n]) == pytest.approx(paths[tuple(nb.kept_path.tolist()[n])], abs=1e-5)
+            assert float(best.tot_scores().values[n]) == pytest.approx(lang[tuple(w)], abs=1e-5)
+            assert best.words()[n] == w
+
+
+def test_icefall_rescore_with_n_best_list_flow():
+    """icefall's rescore_with_n_best_list with fsa_ops in place of k2 (k2.index_fsa: FsaVec indexing here)."""
+    fsa = k2.Fsa.from_str(S_LAT, acceptor=False)
+    lm = np.linspace(-0.9, -0.1, 9).astype(np.float32)
+    lattice = k2.create_fsa_vec([fsa.replace(lm_scores=lm), fsa.replace(lm_scores=lm[::-1].copy())])
+    G = k2.Fsa.from_str("0 0 1 -0.1\n0 0 2 -0.2\n0 0 3 -0.3\n0 1 -1 0\n1\n")
+    nbest = Nbest.from_lattice(lattice=lattice, num_paths=40, key=jax.random.PRNGKey(3), use_double_scores=False,
+                               nbest_scale=0.5)
+    nbest = nbest.intersect(lattice, use_double_scores=False)
+    am, lm_sc = nbest.compute_am_scores(), nbest.compute_lm_scores()
+    np.testing.assert_allclose(am.values + lm_sc.values, nbest.tot_scores().values, rtol=1e-6)
+    lm_scores = nbest.intersect(G, use_double_scores=False).tot_scores()
+    np.testing.assert_allclose(lm_scores.values, [-0.1 * sum(w) for w in nbest.words()], rtol=1e-5)
+    tot = PathScores(nbest.shape, am.values / 0.5 + lm_scores.values)
+    best = nbest.fsa[tot.argmax().tolist()]
+    assert len(best) == 2
+    for u, i in enumerate(tot.argmax()):
+        rows = nbest.shape.row_splits(1)
+        assert rows[u] <= i < rows[u + 1]
+        assert float(tot.values[i]) == pytest.approx(float(tot.max()[u]))
 
 
 def test_ragged_aux_labels():
