@@ -7,18 +7,20 @@ output is deterministic and arc-sorted, states numbered in breadth-first discove
 last; no weight pushing (k2's default kNoWeightPushing): weight is emitted as late as the structure allows.
 `max_states` guards against input that is not determinizable (cycles without the twins property).
 
-Acceptors (no integer or `Ragged` attribute): weighted subset construction in the tropical (default) or log
-semiring; subsets are compared with residuals rounded to `delta`. Float attributes are dropped.
+Acceptors without attributes (and, with `log_semiring=True`, acceptors with float attributes, which are then
+dropped): weighted subset construction in the tropical (default) or log semiring; subsets are compared with
+residuals rounded to `delta`.
 
 Transducers (an integer or `Ragged` attribute such as aux_labels; tropical semiring only, as k2's
-determinize): k2's algorithm. A determinized state is (base input state, label sequence followed from it);
-each input state it reaches keeps its best path from the base. After each label the base moves to the last
-state that all these best paths share, and the output arc takes the weight of the path prefix it skipped
-and derives from those input arcs (k2's arc_derivs). Attributes follow that ragged arc map
-(`remove_epsilon.attrs_from_arc_paths`): 1-D integer attributes become `Ragged` (0, and -1 on final arcs,
-removed), Ragged ones are concatenated, float ones summed. So for each label sequence the output carries the
-best input path's score and aux labels: equivalent as a weighted transducer when the input is functional
-(one aux sequence per label sequence, e.g. an LG with disambiguation symbols), as in k2.
+determinize) and tropical acceptors with float attributes: k2's algorithm. A determinized state is (base
+input state, label sequence followed from it); each input state it reaches keeps its best path from the
+base. After each label the base moves to the last state that all these best paths share, and the output arc
+takes the weight of the path prefix it skipped and derives from those input arcs (k2's arc_derivs).
+Attributes follow that ragged arc map (`remove_epsilon.attrs_from_arc_paths`): 1-D integer attributes become
+`Ragged` (0, and -1 on final arcs, removed), Ragged ones are concatenated, float ones summed. So for each
+label sequence the output carries the best input path's score and aux labels: equivalent as a weighted
+transducer when the input is functional (one aux sequence per label sequence, e.g. an LG with
+disambiguation symbols), as in k2.
 """
 from __future__ import annotations
 
@@ -55,11 +57,11 @@ def _is_transducer(fsa: Fsa) -> bool:
 
 def _determinize_one(fsa: Fsa, log_semiring: bool, delta: float, max_states: int) -> Fsa:
     ns = int(fsa.num_states)
+    derivs = _is_transducer(fsa) or (bool(fsa.attrs) and not log_semiring)
     if get_properties(fsa) & ARC_SORTED_AND_DETERMINISTIC:   # unchanged (k2), but attributes as below
         n = len(fsa.label)
-        return fsa.replace(attrs=attrs_from_arc_paths(fsa, np.arange(n + 1), np.arange(n)) if _is_transducer(fsa)
-                           else {})
-    if _is_transducer(fsa):
+        return fsa.replace(attrs=attrs_from_arc_paths(fsa, np.arange(n + 1), np.arange(n)) if derivs else {})
+    if derivs:
         return _determinize_transducer(fsa, max_states)
     fsa = fsa.replace(attrs={})
     if ns == 0:

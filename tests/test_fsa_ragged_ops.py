@@ -215,6 +215,11 @@ def test_determinize_transducer_examples_and_errors():
     # float attributes are summed along the arcs each output arc derives from
     tf = t.replace(w=np.array([1, 2, 4, 8, 16], np.float32))
     np.testing.assert_allclose(determinize(tf).attrs["w"], [0, 2 + 8, 16])
+    af = tf.replace(aux_labels=None)   # an acceptor with a float attribute: the same arcs (k2 sums it too)
+    da = determinize(af)
+    assert da.labels.tolist() == [1, 2, -1] and "aux_labels" not in da.attrs
+    np.testing.assert_allclose(da.attrs["w"], [0, 2 + 8, 16])
+    assert "w" not in determinize(af, log_semiring=True).attrs   # (log semiring: the subset construction)
     with pytest.raises(ValueError, match="log_semiring=True needs an acceptor"):
         determinize(t, log_semiring=True)
     with pytest.raises(TypeError, match="log_semiring must be a bool"):
