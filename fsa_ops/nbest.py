@@ -73,16 +73,18 @@ class NbestShape:
         return np.repeat(np.arange(self.dim0, dtype=np.int32), np.diff(self._splits))
 
     def tot_size(self, axis: int) -> int:
-        return self.dim0 if axis == 0 else int(self._axis(axis) and self._splits[-1])
+        """axis 0: the number of utterances; axis 1: the number of paths."""
+        self._axis(axis)
+        return self.dim0 if axis == 0 else int(self._splits[-1])
 
     def max_size(self, axis: int = 1) -> int:
         self._axis(axis)
         return int(np.diff(self._splits).max(initial=0))
 
-    def _axis(self, axis):
-        if axis != 1 and axis != 0:
+    @staticmethod
+    def _axis(axis):
+        if axis not in (0, 1):
             raise ValueError(f"axis: an NbestShape has axes 0 (utterances) and 1 (paths), got {axis}")
-        return True
 
     def __eq__(self, other):
         return isinstance(other, NbestShape) and np.array_equal(self._splits, other._splits)

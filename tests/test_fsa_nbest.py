@@ -254,6 +254,18 @@ def test_ragged_aux_labels():
         assert s == pytest.approx({(7, 8): 1.0, (9,): 2.0}.get(tuple(w), -math.inf))
 
 
+def test_nbest_shape():
+    sh = NbestShape([0, 2, 2, 5])
+    assert sh.dim0 == 3 and sh.tot_size(0) == 3 and sh.tot_size(1) == 5 and sh.max_size(1) == 3
+    assert sh.row_ids(1).tolist() == [0, 0, 2, 2, 2] and sh.row_splits(1).tolist() == [0, 2, 2, 5]
+    assert NbestShape.regular(2, 3) == NbestShape([0, 3, 6])
+    for bad in ([1, 2], [0, 3, 2], []):
+        with pytest.raises(ValueError, match="row_splits"):
+            NbestShape(bad)
+    with pytest.raises(ValueError, match="axis"):
+        sh.row_ids(2)
+
+
 def test_acceptor_lattice_and_errors():
     f = k2.Fsa.from_str("0 1 3 -1\n0 1 0 -2\n1 2 4 0\n2 3 -1 0\n3\n")
     lat = k2.create_fsa_vec([f])
@@ -331,6 +343,8 @@ def test_mwer_brute_force_and_finite_differences():
         errs = [levenshtein_distance(refs[u], w) for w in nb.words()[rows[u]:rows[u + 1]]]
         total += float(np.dot(post, errs))
     assert float(loss(score)) == pytest.approx(total, rel=1e-5)
+    ragged_refs = mwer_loss(lat, Ragged.from_lists(refs), key, **kw)       # k2 also takes a RaggedTensor
+    assert float(ragged_refs) == pytest.approx(total, rel=1e-5)
     # gradient against central differences (the sampled paths stay the same for small steps)
     g = np.asarray(jax.grad(loss)(score))
     eps = 1e-2
