@@ -43,7 +43,7 @@ from jax import lax
 
 from fsa_ops.dense import DenseFsaVec, bad_segments
 from fsa_ops.fsa import Fsa
-from fsa_ops.pruned import PrunedConfig, pruned_frame_step, pruned_lattice, pruned_tables
+from fsa_ops.pruned import PrunedConfig, broadcast_attrs, pruned_frame_step, pruned_lattice, pruned_tables
 from fsa_ops.scores import NEG_INF, bucket, fsa_arrays, is_traced, max_degree, score_dtype, valid_arcs
 
 __all__ = ["OnlineDenseIntersecter", "DecodeStateInfo"]
@@ -148,11 +148,9 @@ def _online_core(cfg: PrunedConfig, allow_partial: bool, graph, attrs, states, l
     full = [jnp.concatenate([h, jnp.full((1,) + h.shape[1:], f, h.dtype)], axis=0).at[nf_new, n_idx[0]].set(r)
             for h, f, r in zip(hist, fills, (sc, Wf, DSf, CAf))]
     fwd, Wl, DSl, CAl = full
-    glabel = jnp.broadcast_to(graph.label, (N,) + graph.label.shape[1:])
-    CL = jnp.where(CAl >= 0, jax.vmap(lambda c: jnp.take_along_axis(glabel, jnp.maximum(c, 0).reshape(N, -1),
-                                                                    axis=1))(CAl).reshape(CAl.shape), -1)
+    CL = jnp.where(CAl >= 0, graph.label[0][jnp.maximum(CAl, 0)], -1)
     CL = CL.at[nf_new, n_idx[0]].set(CLf)
-    attrs_b = {k: jnp.broadcast_to(v, (N,) + v.shape[1:]) for k, v in attrs.items()}
+    attrs_b = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape[1:]), attrs)
     lat = pruned_lattice(cfg, (fwd, Wl, DSl, CAl, CL), nf_new, jnp.ones((N,), bool), bad, attrs_b)
 
     new_states = tuple(DecodeStateInfo(act[n], sc[n], nf_new[n], hist[0][:, n], hist[1][:, n], hist[2][:, n],
@@ -198,7 +196,7 @@ class OnlineDenseIntersecter:
                                  min(int(min_active_states), K), score_dtype(True, warn=False))
         self._graph = jax.tree.map(jnp.asarray, arcs)
         a_batch = np.ndim(decoding_graph.src) == 2
-        self._attrs = {k: jnp.asarray(v) if a_batch else jnp.asarray(v)[None] for k, v in decoding_graph.attrs.items()}
+        self._attrs = broadcast_attrs(decoding_graph.attrs, a_batch, 1)
         lab = np.asarray(arcs.label)[valid]
         self._max_label = int(lab.max()) if lab.size else -1
         self.num_streams_ = int(num_streams)

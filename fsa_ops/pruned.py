@@ -13,8 +13,8 @@ The recorded arcs form the lattice; a Viterbi backward pass over it removes arcs
 is more than ``output_beam`` below the best path (their score becomes ``-inf``).  Layout (static
 shapes): state ``t * K + k`` is slot ``k`` at frame ``t`` (``t <= D_b``), state ``(D_b + 1) * K``
 is final; arc ``(t * K + k) * Kout + j`` is the ``j``-th arc leaving slot ``k``'s state on frame
-``t``.  Arcs keep the graph's per-arc attributes (0 on slots without a graph arc); ``frame_idx_name`` adds
-the frame index.
+``t``.  Arcs keep the graph's per-arc attributes, arrays or ``Ragged`` (0 / an empty row on slots
+without a graph arc); ``frame_idx_name`` adds the frame index.
 The frame step (`pruned_frame_step`) and the lattice builder (`pruned_lattice`) are shared with
 :mod:`fsa_ops.online` (k2's ``OnlineDenseIntersecter``, the same search fed chunk by chunk).
 
@@ -39,7 +39,8 @@ from fsa_ops.dense_arcs import arc_layout
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
-__all__ = ["intersect_dense_pruned", "PrunedConfig", "pruned_frame_step", "pruned_tables", "pruned_lattice"]
+__all__ = ["intersect_dense_pruned", "PrunedConfig", "pruned_frame_step", "pruned_tables", "pruned_lattice",
+           "broadcast_attrs"]
 
 
 class PrunedConfig(NamedTuple):
@@ -128,7 +129,7 @@ def pruned_lattice(cfg: PrunedConfig, records, dur, nonempty, bad, attrs):
 
     records: (fwd [T+1, B, K] slot forward scores, W [T+1, B, K, kout] arc scores, DS dest slots (-1: none),
     CA graph arc indices (-1: none, attributes get the filler 0), CL labels), frame-major; frame ``dur[b]`` is
-    segment b's final frame.  nonempty / bad [B] bool (bad: all arcs score NaN); attrs: name -> [B, A, ...].
+    segment b's final frame.  nonempty / bad [B] bool (bad: all arcs score NaN); attrs: name -> [B, A, ...] or Ragged.
     Returns ((src, dst, label, score) [B, (T+1)*K*kout], attrs, frame index, num_states, num_arcs).
     """
     fwd, W, DS, CA, CL = records
@@ -176,18 +177,26 @@ def pruned_lattice(cfg: PrunedConfig, records, dur, nonempty, bad, attrs):
         return x.reshape((B, Tp1 * K * Ko) + x.shape[4:])
 
     ca = jnp.maximum(CA, 0)
-    out_attrs = {}
-    for name, v in attrs.items():
-        g = jax.vmap(lambda c: jnp.take_along_axis(v, c.reshape(B, -1), axis=1))(ca)  # [T+1, B, K*Ko]
-        g = g.reshape((Tp1, B, K, Ko) + v.shape[2:])
-        g = jnp.where((CA >= 0).reshape(CA.shape + (1,) * (g.ndim - 4)), g, jnp.zeros((), g.dtype))
-        out_attrs[name] = flat(g, 0)
+    b4 = jnp.arange(B)[None, :, None, None]
+
+    def gather(v):                       # [B, A, ...] -> [B, (T+1)*K*Ko, ...], 0 on slots without a graph arc
+        g = v[b4, ca]
+        return flat(jnp.where((CA >= 0).reshape(CA.shape + (1,) * (g.ndim - 4)), g, jnp.zeros((), g.dtype)), 0)
+    out_attrs = {name: jax.tree_util.tree_map(gather, v) for name, v in attrs.items()}   # Ragged: empty rows
     frame = flat(jnp.broadcast_to(t4, (Tp1, B, K, Ko)), 0)
     lat = (flat(src, 0).astype(jnp.int32), flat(dst, 0).astype(jnp.int32), flat(label, 0).astype(jnp.int32),
            flat(score, NEG_INF).astype(jnp.float32))
     num_states = jnp.where(nonempty, (dur + 1) * K + 1, 0).astype(jnp.int32)
     num_arcs = ((dur + 1) * K * Ko).astype(jnp.int32)
     return lat, out_attrs, frame, num_states, num_arcs
+
+
+def broadcast_attrs(attrs, is_batch: bool, B: int):
+    """A graph's per-arc attributes (arrays or Ragged) as jnp [B, A, ...]: one graph's broadcast to B."""
+    def one(x):
+        x = jnp.asarray(x) if is_batch else jnp.asarray(x)[None]
+        return x if x.shape[0] == B else jnp.broadcast_to(x, (B,) + x.shape[1:])
+    return {k: jax.tree_util.tree_map(one, v) for k, v in attrs.items()}
 
 
 def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, output_beam: float,
@@ -217,8 +226,7 @@ def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, outp
                 min(int(min_active_states), K), cfg0.dtype)
     B = arcs.src.shape[0]
     a_batch = jnp.ndim(a_fsas.src) == 2
-    attrs = {k: (jnp.asarray(v) if a_batch else jnp.asarray(v)[None]) for k, v in a_fsas.attrs.items()}
-    attrs = {k: (jnp.broadcast_to(v, (B,) + v.shape[1:]) if v.shape[0] != B else v) for k, v in attrs.items()}
+    attrs = broadcast_attrs(a_fsas.attrs, a_batch, B)
     (src, dst, label, score), out_attrs, frame, ns, na = _pruned_core(cfg, arcs, attrs, lp, dur)
     if frame_idx_name is not None:
         out_attrs[frame_idx_name] = frame

@@ -13,6 +13,7 @@ from fsa_ops.fsa import Fsa
 from fsa_ops.graphs import ctc_topo
 from fsa_ops.online import DecodeStateInfo, OnlineDenseIntersecter
 from fsa_ops.pruned import intersect_dense_pruned
+from fsa_ops.ragged import Ragged
 from fsa_ops.scores import get_tot_scores
 from fsa_ops.shortest_path import shortest_path
 
@@ -99,13 +100,19 @@ def _random_graph(rng, S=6, C=4):
     src, dst, lab = np.array(src), np.array(dst), np.array(lab)
     aux = np.where(lab == -1, -1, rng.integers(0, 9, len(lab)))
     return Fsa.from_arcs(src, dst, lab, rng.uniform(-1, 0, len(src)).astype(np.float32), num_states=S,
-                         aux_labels=aux)
+                         aux_labels=aux, attrs={"words": Ragged.from_lists(_words(aux))})
+
+
+def _words(aux):
+    """A Ragged attribute's rows, a function of aux_labels: [a, a + 10] for a > 0, else empty."""
+    return [[int(a), int(a) + 10] if a > 0 else [] for a in aux]
 
 
 def test_streams_joining_at_different_times_match_intersect_dense_pruned():
     """Three utterances (19, 9 and 6 frames) through 2 stream slots, chunks of 1..4 frames, a stream joining when
     the other is mid-utterance, an utterance moving between slots: after every chunk each stream's lattice equals
-    intersect_dense_pruned over its frames so far, arc for arc (aux_labels too), with pruning that bites."""
+    intersect_dense_pruned over its frames so far, arc for arc (aux_labels and a Ragged attribute too), with
+    pruning that bites."""
     rng = np.random.default_rng(1)
     C, T = 4, 19
     graph = _random_graph(rng, C=C)
@@ -132,7 +139,13 @@ def test_streams_joining_at_different_times_match_intersect_dense_pruned():
     ref = intersect_dense_pruned(graph, DenseFsaVec(jnp.asarray(lp), segs), 2.0, 1.5, 1, 3)
     for j, (lat, n, _, _) in enumerate(checks):
         _same_lattice(lat, n, ref, j)
-    full = intersect_dense(graph, DenseFsaVec(jnp.asarray(lp), segs), output_beam=math.inf)
+        m = int(lat.num_arcs[n])
+        words = lat.attrs["words"]
+        assert words[n].tolist()[:m] == _words(np.asarray(lat.aux_labels)[n, :m])     # Ragged rows follow the arcs
+        assert words[n].tolist()[:m] == ref.attrs["words"][j].tolist()[:m]
+    plain = Fsa(graph.src, graph.dst, graph.label, graph.score, graph.num_states, graph.num_arcs,
+                {"aux_labels": graph.aux_labels}, max_states=graph.max_states)
+    full = intersect_dense(plain, DenseFsaVec(jnp.asarray(lp), segs), output_beam=math.inf)
     n_pruned = np.isfinite(np.asarray(ref.score)).sum()
     assert 0 < n_pruned < np.isfinite(np.asarray(full.score)).sum()
     assert np.isfinite(np.asarray(get_tot_scores(ref, use_double_scores=False, log_semiring=False))).any()
