@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 
 from fsa_ops.fsa import Fsa
+from fsa_ops.ragged import is_ragged
 
 __all__ = ["to_dot", "draw"]
 
@@ -24,13 +25,15 @@ def _fmt(x: float) -> str:
 
 def to_dot(fsa: Fsa, title: Optional[str] = None, symbols=None, aux_symbols=None) -> str:
     """Graphviz DOT text for one FSA, in k2's style: left-to-right, state 0 bold, the final state a double
-    circle, arcs labelled `label/score` or `label:aux_label/score` (0 shown as <eps>, -1 as -1).
+    circle, arcs labelled `label/score` or `label:aux_label/score` (0 shown as <eps>, -1 as -1; a Ragged
+    aux_labels row shows its labels separated by spaces).
     `symbols` / `aux_symbols`: optional dict id -> name for the labels / aux_labels."""
     if fsa.is_batch:
         raise ValueError("to_dot: expects a single Fsa; index the batch first")
     ns = int(fsa.num_states)
     src, dst, lab, sc = (np.asarray(x) for x in (fsa.src, fsa.dst, fsa.label, fsa.score))
-    aux = np.asarray(fsa.attrs["aux_labels"]) if "aux_labels" in fsa.attrs else None
+    aux = fsa.attrs.get("aux_labels")
+    aux = aux.tolist() if is_ragged(aux) else (None if aux is None else np.asarray(aux))
 
     def name(x, table):
         x = int(x)
@@ -48,9 +51,9 @@ def to_dot(fsa: Fsa, title: Optional[str] = None, symbols=None, aux_symbols=None
         style = ', style = bold' if s == 0 else ''
         lines.append(f"  {s} [label = {_q(s)}, shape = {shape}{style}, fontsize = 14];")
     for i in range(len(lab)):
-        if aux is not None and aux.ndim == 1:
+        if isinstance(aux, np.ndarray) and aux.ndim == 1:
             text = f"{name(lab[i], symbols)}:{name(aux[i], aux_symbols)}/{_fmt(sc[i])}"
-        elif aux is not None:
+        elif aux is not None:   # a Ragged row (or a 0-padded 2-D row): its labels, <eps> if none
             outs = " ".join(name(a, aux_symbols) for a in aux[i] if a != 0) or "<eps>"
             text = f"{name(lab[i], symbols)}:{outs}/{_fmt(sc[i])}"
         else:

@@ -110,6 +110,6 @@ def flat_attr(value):
     flat arc ids b * A + i."""
     if is_ragged(value):
         v = value.numpy()
-        return Ragged(v.values.reshape(-1, v.width), v.lengths.reshape(-1))
+        return Ragged(v.values.reshape(v.lengths.size, v.values.shape[-1]), v.lengths.reshape(-1))
     v = np.asarray(value)
     return v.reshape((-1,) + v.shape[2:])

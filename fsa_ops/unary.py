@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fsa_ops.expand import expand_ragged_attributes
 from fsa_ops.fsa import Fsa
-from fsa_ops.host import as_numpy, build, empty_like, from_arc_map, index_attr, map_fsas
+from fsa_ops.host import as_numpy, build, empty_like, flat_attr, from_arc_map, index_attr, map_fsas
+from fsa_ops.ragged import Ragged, is_ragged
 
 __all__ = ["invert", "project", "add_epsilon_self_loops", "remove_epsilon_self_loops", "union", "closure"]
 
@@ -13,8 +15,7 @@ def _final_fixed_labels(fsa: Fsa, new_label: np.ndarray, what: str) -> np.ndarra
     """Labels taken from an attribute: -1 stays on (and only on) arcs into the final state."""
     new_label = np.asarray(new_label)
     if new_label.ndim != 1:
-        raise ValueError(f"{what}: aux_labels must be one label per arc (got shape {new_label.shape}); "
-                         f"ragged aux_labels from remove_epsilon cannot become labels")
+        raise ValueError(f"{what}: aux_labels must be one label per arc or a Ragged (got shape {new_label.shape})")
     into_final = fsa.dst == int(fsa.num_states) - 1
     bad = (new_label == -1) & ~into_final
     if bad.any():
@@ -31,14 +32,31 @@ def _invert_one(fsa: Fsa) -> Fsa:
     return fsa.replace(label=label, aux_labels=fsa.label.copy())
 
 
-def invert(fsa: Fsa) -> Fsa:
-    """Swap labels and aux_labels (k2's invert). Arcs into the final state keep label -1."""
-    return map_fsas(_invert_one, fsa)
+def invert(fsa: Fsa, ret_arc_map: bool = False):
+    """Swap labels and aux_labels (k2's invert). Arcs into the final state keep label -1. A Ragged aux_labels is
+    first expanded (expand_ragged_attributes, so arcs may turn into chains; other Ragged attributes stay ragged).
+    `ret_arc_map`: also int32[..., A'] output arc -> input arc (-1 for arcs added by the expansion)."""
+    fsa = as_numpy(fsa)
+    if "aux_labels" not in fsa.attrs:
+        raise ValueError("invert: the Fsa has no aux_labels (it is an acceptor)")
+    if is_ragged(fsa.attrs["aux_labels"]):
+        fsa, arc_map = expand_ragged_attributes(fsa, ret_arc_map=True, ragged_attribute_names=["aux_labels"])
+    else:
+        arc_map = np.broadcast_to(np.arange(fsa.label.shape[-1], dtype=np.int32), fsa.label.shape).copy()
+        if fsa.is_batch:
+            arc_map[arc_map >= fsa.num_arcs[:, None]] = -1
+    out = map_fsas(_invert_one, fsa)
+    return (out, arc_map) if ret_arc_map else out
 
 
 def project(fsa: Fsa, project_input: bool = True) -> Fsa:
     """Turn a transducer into an acceptor: keep the input labels (project_input=True) or the output labels
-    (aux_labels become labels); aux_labels is removed either way. An acceptor is returned unchanged."""
+    (aux_labels become labels; a Ragged aux_labels is expanded first, as invert does); aux_labels is removed
+    either way. An acceptor is returned unchanged."""
+    fsa = as_numpy(fsa)
+    if not project_input and "aux_labels" in fsa.attrs and is_ragged(fsa.attrs["aux_labels"]):
+        fsa = expand_ragged_attributes(fsa, ragged_attribute_names=["aux_labels"])
+
     def one(f):
         if "aux_labels" not in f.attrs:
             return f
@@ -66,7 +84,8 @@ def _add_eps_one(fsa: Fsa) -> Fsa:
 
 
 def add_epsilon_self_loops(fsa: Fsa) -> Fsa:
-    """Add an epsilon self-loop (score 0, attributes 0) to every non-final state, placed first (k2)."""
+    """Add an epsilon self-loop (score 0, attributes 0, Ragged attributes an empty row) to every non-final state,
+    placed first (k2)."""
     return map_fsas(_add_eps_one, fsa)
 
 
@@ -108,8 +127,7 @@ def union(fsas: Fsa) -> Fsa:
         maps.append(np.arange(len(f.src)) + i * A)  # index into the flattened padded batch arrays
         base += len(f.src)
     arc_map = np.concatenate(maps)
-    flat_attrs = {k: np.asarray(v).reshape((-1,) + np.shape(v)[2:]) for k, v in fsas.attrs.items()}
-    attrs = {k: index_attr(v, arc_map) for k, v in flat_attrs.items()}
+    attrs = {k: index_attr(flat_attr(v), arc_map) for k, v in fsas.attrs.items()}
     return build(np.concatenate(src), np.concatenate(dst), np.concatenate(lab), np.concatenate(sc),
                  final + 1, attrs)
 
@@ -131,8 +149,14 @@ def _closure_one(fsa: Fsa) -> Fsa:
     label = np.where(new, -1, np.where(redirected, 0, fsa.label[old]))
     score = np.where(new, 0.0, fsa.score[old])
     out = from_arc_map(fsa, arc_map, src, dst, label, score, ns)
-    if "aux_labels" in out.attrs and out.attrs["aux_labels"].ndim == 1:
-        aux = out.attrs["aux_labels"].copy()
+    aux = out.attrs.get("aux_labels")
+    if is_ragged(aux):   # rows of redirected arcs lose their -1; the new final arc gets an empty row
+        keep = np.arange(aux.width) < aux.lengths[:, None]
+        keep &= ~(redirected[:, None] & (aux.values == -1))
+        out.attrs["aux_labels"] = Ragged.from_row_splits(np.concatenate([[0], np.cumsum(keep.sum(1))]),
+                                                         aux.values[keep], width=aux.width)
+    elif aux is not None and aux.ndim == 1:
+        aux = aux.copy()
         aux[redirected & (aux == -1)] = 0
         aux[new] = -1
         out.attrs["aux_labels"] = aux
@@ -143,5 +167,6 @@ def closure(fsa: Fsa) -> Fsa:
     """Kleene closure (k2): arcs into the final state become epsilon arcs back to the start state (their
     aux_label -1 becomes 0) and a new arc 0 -> final with label -1 (score 0) follows the start state's arcs.
     Caution (as k2): this is the Kleene closure only if no arc enters the start state; otherwise the
-    result also accepts strings that loop back to the start state mid-way (k2 returns it all the same)."""
+    result also accepts strings that loop back to the start state mid-way (k2 returns it all the same).
+    A Ragged aux_labels: redirected arcs' rows lose their -1, the new arc gets an empty row."""
     return map_fsas(_closure_one, fsa)
