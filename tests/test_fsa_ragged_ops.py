@@ -16,11 +16,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fsa_oracle import enumerate_paths, languages_close, random_fsas, weighted_language  # noqa: E402
 
 from fsa_ops.connect import connect  # noqa: E402
+from fsa_ops.dense import DenseFsaVec  # noqa: E402
 from fsa_ops.determinize import determinize  # noqa: E402
 from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec  # noqa: E402
 from fsa_ops.graphs import ctc_topo  # noqa: E402
 from fsa_ops.intersect import compose, intersect  # noqa: E402
 from fsa_ops.properties import ARC_SORTED, get_properties, is_deterministic  # noqa: E402
+from fsa_ops.pruned import intersect_dense_pruned  # noqa: E402
 from fsa_ops.random_fsa import is_rand_equivalent, random_fsa  # noqa: E402
 from fsa_ops.ragged import Ragged  # noqa: E402
 from fsa_ops.remove_epsilon import attrs_from_arc_paths, remove_epsilon, remove_epsilon_and_add_self_loops  # noqa
@@ -445,4 +447,11 @@ def test_hlg_lattice_best_path_words(seed, n_words):
             exp = max(exp, (float(sum(logp[t, k] for t, k in enumerate(seq))) + best_words[toks][0],
                             best_words[toks][1]))
     assert words == [list(exp[1])] and len(exp[1]) == n_words
+    assert float(np.asarray(best.scores)[0, :int(best.num_arcs[0])].sum()) == pytest.approx(exp[0], abs=1e-4)
+    # the same through icefall's decoding path: intersect_dense_pruned on a DenseFsaVec, then get_texts
+    dense = DenseFsaVec(logp[None], np.array([[0, 0, T]], np.int32))
+    lat = intersect_dense_pruned(HLG, dense, search_beam=20.0, output_beam=8.0, min_active_states=30,
+                                 max_active_states=10000)
+    best = shortest_path(lat, use_double_scores=False)
+    assert [sum(r, []) for r in best.aux_labels.remove_values_leq(0).tolist()] == [list(exp[1])]
     assert float(np.asarray(best.scores)[0, :int(best.num_arcs[0])].sum()) == pytest.approx(exp[0], abs=1e-4)
