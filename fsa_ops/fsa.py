@@ -27,13 +27,14 @@ from jax import tree_util
 from fsa_ops.fsa_text import parse_text, to_str, to_str_simple
 from fsa_ops.ragged import Ragged, is_ragged
 
-__all__ = ["Fsa", "create_fsa_vec", "to_str", "to_str_simple", "check_fsa", "get_aux_label_info", "cat", "index_fsa",
-           "fix_final_labels", "host_attr"]
+__all__ = ["Fsa", "create_fsa_vec", "to_str", "to_str_simple", "check_fsa", "get_aux_label_info", "fix_final_labels",
+           "host_attr", "is_jax"]
 
 _CORE = ("src", "dst", "label", "score", "num_states", "num_arcs")
 
 
-def _is_jax(x) -> bool:
+def is_jax(x) -> bool:
+    """Whether x is a jax array (or tracer) rather than numpy."""
     return not isinstance(x, (np.ndarray, np.generic)) and hasattr(x, "shape") and hasattr(x, "dtype")
 
 
@@ -183,7 +184,7 @@ class Fsa:
     def scores(self, value):
         if np.shape(value) != np.shape(self.score):
             raise ValueError(f"scores: expected shape {np.shape(self.score)}, got {np.shape(value)}")
-        object.__setattr__(self, "score", value if _is_jax(value) else np.asarray(value, np.float32))
+        object.__setattr__(self, "score", value if is_jax(value) else np.asarray(value, np.float32))
 
     @property
     def aux_labels(self):
@@ -221,9 +222,22 @@ class Fsa:
             raise AttributeError(f"cannot delete {name!r}: not a per-arc attribute of this Fsa")
         del self.attrs[name]
 
+    def convert_attr_to_ragged_(self, name: str, remove_eps: bool = True) -> "Fsa":
+        """k2's in-place conversion of an integer attribute [..., A] to a Ragged with one value per row (rows of 0
+        empty if `remove_eps`; padding arcs of a batch empty); returns self."""
+        v = self.attrs.get(name)
+        if v is None or is_ragged(v) or np.ndim(v) != np.ndim(self.label) or np.asarray(v).dtype.kind not in "iu":
+            raise ValueError(f"convert_attr_to_ragged_: {name!r} is not an integer attribute with one value per arc")
+        v = np.asarray(v, np.int32)
+        lengths = (v != 0) if remove_eps else np.ones(v.shape, bool)
+        if v.ndim == 2:
+            lengths &= np.arange(v.shape[1]) < np.asarray(self.num_arcs)[:, None]
+        self.attrs[name] = Ragged(np.where(lengths, v, 0)[..., None], lengths.astype(np.int32))
+        return self
+
     def _set_attr(self, name, value):
         """Set per-arc attribute `name`: an array [..., A, ...] or a Ragged with the arc shape as rows."""
-        value = value if _is_jax(value) or _is_jax(getattr(value, "values", None)) else host_attr(value)
+        value = value if is_jax(value) or is_jax(getattr(value, "values", None)) else host_attr(value)
         shape = tuple(np.shape(self.label))
         got = tuple(np.shape(value.lengths)) if is_ragged(value) else tuple(np.shape(value))[:len(shape)]
         if got != shape:
@@ -389,7 +403,7 @@ class Fsa:
     def __repr__(self) -> str:
         kind = f"batch={len(self)}, " if self.is_batch else f"num_states={int(self.num_states)}, "
         return (f"Fsa({kind}arcs={self.label.shape[-1]}, attrs={sorted(self.attrs)}, "
-                f"{'jax' if _is_jax(self.label) else 'numpy'})")
+                f"{'jax' if is_jax(self.label) else 'numpy'})")
 
 
 def get_aux_label_info(acceptor: Optional[bool], num_aux_labels: Optional[int],
@@ -543,69 +557,6 @@ def create_fsa_vec(fsas: Sequence[Fsa], pad_arcs_to: Optional[int] = None,
             v = np.asarray(v)
             attrs[k][(b, slice(0, n)) + tuple(slice(0, d) for d in v.shape[1:])] = v
     return Fsa(src, dst, label, score, ns, na, attrs, max_states=S)
-
-
-def cat(fsas: Sequence[Fsa]) -> Fsa:
-    """Concatenate FsaVecs along the FSA axis (k2's `k2.cat`): arcs padded to the widest, max_states the
-    largest; only the attributes that every input has are kept (k2 keeps the common ones). Numpy or jax
-    inputs (all of one kind); jax arrays give a jax result (usable under jit)."""
-    fsas = list(fsas)
-    if not fsas:
-        raise ValueError("cat: fsas is empty")
-    for i, f in enumerate(fsas):
-        if not isinstance(f, Fsa):
-            raise TypeError(f"cat: fsas[{i}]: expected an Fsa, got {type(f).__name__}")
-        if not f.is_batch:
-            raise ValueError(f"cat: fsas[{i}] is a single Fsa; k2's cat takes FsaVecs (use create_fsa_vec)")
-    xp = jnp if any(_is_jax(f.label) for f in fsas) else np
-    names = sorted(set.intersection(*[set(f.attrs) for f in fsas]))
-    A = max(f.label.shape[1] for f in fsas)
-    S = max(f.max_states for f in fsas)
-
-    def pad(x, fill, axis_len=A):
-        extra = [(0, 0)] * x.ndim
-        extra[1] = (0, axis_len - x.shape[1])
-        return xp.pad(x, extra, constant_values=fill)
-
-    def join(parts, fill):
-        return xp.concatenate([pad(p, fill) for p in parts], axis=0)
-
-    core = {k: join([getattr(f, k) for f in fsas], fill) for k, fill in
-            (("src", 0), ("dst", 0), ("label", 0), ("score", -np.inf))}
-    attrs = {}
-    for k in names:
-        vs = [f.attrs[k] for f in fsas]
-        if any(is_ragged(v) for v in vs):
-            if not all(is_ragged(v) for v in vs):
-                raise ValueError(f"cat: attribute {k!r} is a Ragged in some inputs and an array in others")
-            w = max(v.width for v in vs)
-            vals = [xp.pad(v.values, [(0, 0), (0, A - v.values.shape[1]), (0, w - v.width)]) for v in vs]
-            attrs[k] = Ragged(xp.concatenate(vals), join([v.lengths for v in vs], 0))
-        else:
-            trail = [max(np.shape(v)[d] for v in vs) for d in range(2, np.ndim(vs[0]))]
-            vs = [xp.pad(v, [(0, 0), (0, A - np.shape(v)[1])] + [(0, t - np.shape(v)[2 + j])
-                                                                 for j, t in enumerate(trail)]) for v in vs]
-            attrs[k] = xp.concatenate(vs)
-    return Fsa(core["src"], core["dst"], core["label"], core["score"],
-               xp.concatenate([f.num_states for f in fsas]), xp.concatenate([f.num_arcs for f in fsas]), attrs,
-               max_states=S)
-
-
-def index_fsa(src: Fsa, indexes) -> Fsa:
-    """The FsaVec of FSAs `src[indexes[i]]` (k2's `k2.index_fsa`): int[N] indexes into the batch (repeats
-    allowed). Keeps `src`'s padding (arcs A, max_states), so that with jax arrays it runs under jit and
-    gradients flow back to `src`'s scores; see `Fsa.__getitem__` for a trimmed host copy."""
-    if not isinstance(src, Fsa) or not src.is_batch:
-        raise ValueError("index_fsa: src must be an FsaVec (a batch Fsa)")
-    if not _is_jax(indexes):
-        idx = np.asarray(indexes)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise ValueError(f"index_fsa: indexes must be a 1-D integer array, got shape {idx.shape} {idx.dtype}")
-        B = len(src)
-        if idx.size and (idx.min() < 0 or idx.max() >= B):
-            raise ValueError(f"index_fsa: indexes must lie in [0, {B}), got {idx.min()}..{idx.max()}")
-        indexes = idx.astype(np.int64)
-    return tree_util.tree_map(lambda x: x[indexes], src)
 
 
 def fix_final_labels(fsa: Fsa, labels, name: str = "labels") -> np.ndarray:

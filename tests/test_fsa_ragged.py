@@ -17,7 +17,8 @@ from fsa_oracle import random_fsas  # noqa: E402
 
 from fsa_ops.connect import connect  # noqa: E402
 from fsa_ops.expand import expand_ragged_attributes  # noqa: E402
-from fsa_ops.fsa import Fsa, cat, check_fsa, create_fsa_vec, index_fsa, to_str, to_str_simple  # noqa: E402
+from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec, to_str, to_str_simple  # noqa: E402
+from fsa_ops.fsa_vec import cat, index_fsa  # noqa: E402
 from fsa_ops.host import from_arc_map, index_attr  # noqa: E402
 from fsa_ops.ragged import Ragged  # noqa: E402
 from fsa_ops.sort import arc_sort, top_sort  # noqa: E402
@@ -488,3 +489,31 @@ def test_to_dot_ragged_aux_labels():
     f = Fsa.from_str("0 1 1 0.5\n1 2 -1 0\n2\n").replace(aux_labels=R([[3, 4], []]))
     dot = f.to_dot()
     assert '"1:3 4/0.5"' in dot and '"-1:<eps>/0"' in dot
+
+
+def test_k2_convert_attr_to_ragged():
+    fsa = Fsa.from_str("0 1 1 0.1\n1 2 2 0.2\n2 3 -1 0.3\n3\n")
+    fsa.tensor_attr1 = np.array([1, 2, 3, 4, 0, 6], np.int32)[::2]
+    assert fsa.convert_attr_to_ragged_(name='tensor_attr1', remove_eps=False) is fsa
+    assert fsa.tensor_attr1 == R([[1], [3], [0]])
+    fsa.tensor_attr2 = np.array([1, 0, -1], np.int32)
+    fsa.convert_attr_to_ragged_(name='tensor_attr2', remove_eps=True)
+    assert fsa.tensor_attr2 == R([[1], [], [-1]])
+    with pytest.raises(ValueError, match="integer attribute"):
+        fsa.convert_attr_to_ragged_("tensor_attr2")
+    del fsa.tensor_attr2
+    assert "tensor_attr2" not in fsa.attrs and not hasattr(fsa, "tensor_attr2")
+
+
+def test_fsa_score_methods_match_fsa_ops_scores():
+    from fsa_ops.scores import get_arc_post, get_backward_scores, get_forward_scores, get_tot_scores
+    fsa = Fsa.from_str("0 1 1 0.5\n0 2 2 -0.25\n1 2 3 1.0\n2 3 -1 0.125\n3\n")
+    vec = create_fsa_vec([fsa, fsa]).to_jax()
+    for f in (fsa, vec):
+        for log in (True, False):
+            for fn, method in ((get_tot_scores, f.get_tot_scores), (get_forward_scores, f.get_forward_scores),
+                               (get_backward_scores, f.get_backward_scores), (get_arc_post, f.get_arc_post)):
+                np.testing.assert_array_equal(np.asarray(method(False, log)), np.asarray(fn(f, False, log)))
+    # the one path weights: 0.5 + 1 + 0.125 vs -0.25 + 0.125 (tropical: the max)
+    assert float(fsa.get_tot_scores(use_double_scores=False, log_semiring=False)) == 1.625
+    np.testing.assert_allclose(float(fsa.get_tot_scores(False, True)), np.logaddexp(1.625, -0.125), rtol=1e-6)
