@@ -28,12 +28,15 @@ class Lexicon(NamedTuple):
 
     keys: [A + 1] int32, sorted ``node * V + token`` of the trie arcs (a sentinel int32-max last).
     dest: [A + 1] int32, child node of each arc.
+    child: [num_nodes, V] int32 dense child table (-1: no arc) where num_nodes * V <= `dense_limit` (one gather
+      per lookup), else [0, V] (binary search in `keys`).
     word: [num_nodes] int32, LM word id of the word that ends at a node, -1 where none ends.
     boundary: [V] bool, tokens that end a word and belong to none. word_start: [V] bool, tokens that begin a word.
     unk_id: [] int32, the LM word id given to a word not in the lexicon.
     """
     keys: jax.Array
     dest: jax.Array
+    child: jax.Array
     word: jax.Array
     boundary: jax.Array
     word_start: jax.Array
@@ -69,11 +72,13 @@ def _check_tokens(name: str, seqs: Sequence[Sequence[int]], vocab_size: int) -> 
 
 
 def make_lexicon(words: Sequence[Sequence[int]], vocab_size: int, *, word_ids: Sequence[int] | None = None,
-                 boundary_ids: Sequence[int] = (), word_start_ids: Sequence[int] = (), unk_id: int = 0) -> Lexicon:
+                 boundary_ids: Sequence[int] = (), word_start_ids: Sequence[int] = (), unk_id: int = 0,
+                 dense_limit: int = 1 << 22) -> Lexicon:
     """Builds the trie of `words` (token id sequences, without boundary tokens).
 
     word_ids: the LM word id of each word (default: its index). A word spelled twice keeps its first id.
     boundary_ids / word_start_ids: see the module docstring. unk_id: LM id of out-of-lexicon words.
+    dense_limit: largest num_nodes * V stored as a dense child table (faster lookups, 4 bytes per entry).
     """
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
@@ -115,7 +120,13 @@ def make_lexicon(words: Sequence[Sequence[int]], vocab_size: int, *, word_ids: S
     arcs = sorted((n * vocab_size + t, d) for n, ch in enumerate(children) for t, d in ch.items())
     keys = np.array([k for k, _ in arcs] + [_MAX_KEY], np.int32)
     dest = np.array([d for _, d in arcs] + [-1], np.int32)
-    return Lexicon(jnp.asarray(keys), jnp.asarray(dest), jnp.asarray(np.array(word, np.int32)),
+    dense = len(children) * vocab_size <= dense_limit
+    child = np.full((len(children) if dense else 0, vocab_size), -1, np.int32)
+    if dense:
+        for n, ch in enumerate(children):
+            for t, d in ch.items():
+                child[n, t] = d
+    return Lexicon(jnp.asarray(keys), jnp.asarray(dest), jnp.asarray(child), jnp.asarray(np.array(word, np.int32)),
                    jnp.asarray(boundary), jnp.asarray(word_start), jnp.asarray(np.int32(unk_id)))
 
 
@@ -133,7 +144,8 @@ def word_boundaries(tokenizer: Any) -> tuple[list[int], list[int]]:
 
 
 def lexicon_from_tokenizer(words: Sequence[str], tokenizer: Any, *,
-                           word_ids: Mapping[str, int] | Sequence[int] | None = None, unk_id: int = 0) -> Lexicon:
+                           word_ids: Mapping[str, int] | Sequence[int] | None = None, unk_id: int = 0,
+                           dense_limit: int = 1 << 22) -> Lexicon:
     """A Lexicon of `words` spelled by `tokenizer` (CharTokenizer or SentencePieceTokenizer).
 
     word_ids: LM word ids, a mapping word -> id or a sequence aligned with `words` (default: the index).
@@ -154,14 +166,16 @@ def lexicon_from_tokenizer(words: Sequence[str], tokenizer: Any, *,
             raise ValueError(f"word_ids has no id for {missing[:5]}")
         word_ids = [word_ids[w] for w in words]
     return make_lexicon(spelled, tokenizer.vocab_size, word_ids=word_ids, boundary_ids=boundary,
-                        word_start_ids=start, unk_id=unk_id)
+                        word_start_ids=start, unk_id=unk_id, dense_limit=dense_limit)
 
 
 def lexicon_child(lexicon: Lexicon, node: jax.Array, token: jax.Array) -> jax.Array:
     """The trie node after `token` from `node` (broadcast int32 arrays); -1 where there is no such arc or node < 0."""
+    if lexicon.child.shape[0]:
+        return jnp.where(node >= 0, lexicon.child[jnp.maximum(node, 0), token], -1)
     v = lexicon.vocab_size
     key = jnp.where(node >= 0, node * v + token, -1).astype(jnp.int32)
-    i = jnp.clip(jnp.searchsorted(lexicon.keys, key), 0, lexicon.keys.shape[0] - 1)
+    i = jnp.clip(jnp.searchsorted(lexicon.keys, key, method="scan_unrolled"), 0, lexicon.keys.shape[0] - 1)
     return jnp.where((node >= 0) & (lexicon.keys[i] == key), lexicon.dest[i], -1)
 
 

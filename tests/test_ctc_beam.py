@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists, word_timestamps
 from jasr.decoding import ctc_greedy_ids
-from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, make_lexicon
+from jasr.lexicon import lexicon_child, lexicon_from_tokenizer, make_hotwords, make_lexicon
 from jasr.tokenizers import CharTokenizer
 
 T_BF, V_BF = 5, 4            # brute force: blank, "a" (1), "b" (2), " " (3)
@@ -238,6 +238,23 @@ def test_lexicon_from_tokenizer_and_word_timestamps():
     ids = tok.encode("ab ba")
     words = word_timestamps(ids, [2, 4, 7, 9, 12], boundary_ids=[space], frame_shift=0.04)
     assert [(tok.decode(w), s, e) for w, s, e in words] == [("ab", 0.08, 0.28), ("ba", 0.36, 0.52)]
+
+
+def test_lexicon_dense_and_sparse_lookups_agree():
+    rng = np.random.default_rng(0)
+    words = [rng.integers(1, 7, rng.integers(1, 6)).tolist() for _ in range(40)]
+    dense, sparse = (make_lexicon(words, 7, dense_limit=lim) for lim in (1 << 20, 0))
+    assert dense.child.shape[0] > 0 and sparse.child.shape[0] == 0
+    nodes = jnp.arange(-1, dense.word.shape[0])[:, None]
+    toks = jnp.arange(7)[None]
+    got_d, got_s = lexicon_child(dense, nodes, toks), lexicon_child(sparse, nodes, toks)
+    np.testing.assert_array_equal(got_d, got_s)
+    # walking each word from the root ends at a node that carries its id
+    for i, w in enumerate(words):
+        node = jnp.int32(0)
+        for t in w:
+            node = lexicon_child(sparse, node, jnp.int32(t))
+        assert int(sparse.word[node]) == min(j for j, v in enumerate(words) if v == w)
 
 
 def test_bad_input_names_the_argument():
