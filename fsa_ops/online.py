@@ -43,7 +43,8 @@ from jax import lax
 
 from fsa_ops.dense import DenseFsaVec, bad_segments
 from fsa_ops.fsa import Fsa
-from fsa_ops.pruned import PrunedConfig, broadcast_attrs, pruned_frame_step, pruned_lattice, pruned_tables
+from fsa_ops.pruned import (PrunedConfig, broadcast_attrs, final_frame_arcs, pruned_frame_step, pruned_lattice,
+                            pruned_tables)
 from fsa_ops.scores import NEG_INF, bucket, fsa_arrays, is_traced, max_degree, score_dtype, valid_arcs
 
 __all__ = ["OnlineDenseIntersecter", "DecodeStateInfo"]
@@ -96,25 +97,6 @@ def _grow(state: DecodeStateInfo, cap: int) -> DecodeStateInfo:
                           dest_slots=pad(state.dest_slots, -1), arc_map=pad(state.arc_map, -1))
 
 
-def _final_frame(act, sc, tab, allow_partial: bool):
-    """The final frame's arcs from the active slots (act/sc [N, K]): label -1 arcs (log-prob 0) into the final
-    state, or, with `allow_partial` for a stream without any, every arc (graph score only, label -1, no graph
-    arc).  Returns the records (W, DS, CA, CL) [N, K, kout]; every arc enters the final state's slot 0."""
-    out_arc, _, out_label, out_score = tab
-    a0 = jnp.maximum(act, 0)[:, :, None]
-    c_arc = jnp.take_along_axis(out_arc, a0, axis=1)
-    c_lab = jnp.take_along_axis(out_label, a0, axis=1)
-    c_sc = jnp.take_along_axis(out_score, a0, axis=1)
-    real = (act >= 0)[:, :, None] & (c_arc >= 0)
-    partial = jnp.zeros(act.shape[:1], bool)
-    if allow_partial:
-        partial = ~jnp.any(real & (c_lab == -1), axis=(1, 2))
-    p3 = partial[:, None, None]
-    w = jnp.where(real & ((c_lab == -1) | p3), c_sc, NEG_INF)
-    ds = jnp.where(jnp.isfinite(w), 0, -1).astype(jnp.int32)
-    return w, ds, jnp.where(p3, -1, c_arc), jnp.where(p3, -1, c_lab)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _online_core(cfg: PrunedConfig, allow_partial: bool, graph, attrs, states, lp, dur):
     """One chunk for N streams: states (N DecodeStateInfo of one capacity), lp [N, T, C], dur [N]."""
@@ -143,7 +125,7 @@ def _online_core(cfg: PrunedConfig, allow_partial: bool, graph, attrs, states, l
     bad = stk.bad | bad_segments(arcs, lp, dur)
 
     # the lattice: the records plus the final frame at row nf_new[n]
-    Wf, DSf, CAf, CLf = _final_frame(act, sc, tab, allow_partial)
+    Wf, DSf, CAf, CLf = final_frame_arcs(act, sc, tab, allow_partial)
     fills = (NEG_INF, NEG_INF, -1, -1)
     full = [jnp.concatenate([h, jnp.full((1,) + h.shape[1:], f, h.dtype)], axis=0).at[nf_new, n_idx[0]].set(r)
             for h, f, r in zip(hist, fills, (sc, Wf, DSf, CAf))]

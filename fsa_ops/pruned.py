@@ -32,6 +32,7 @@ from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fsa_ops.dense import DenseFsaVec, bad_segments, prepare_dense
@@ -40,7 +41,7 @@ from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
 __all__ = ["intersect_dense_pruned", "PrunedConfig", "pruned_frame_step", "pruned_tables", "pruned_lattice",
-           "broadcast_attrs"]
+           "broadcast_attrs", "final_frame_arcs"]
 
 
 class PrunedConfig(NamedTuple):
@@ -103,8 +104,27 @@ def pruned_tables(cfg: PrunedConfig, arcs):
     return tuple(x.reshape(B, cfg.S, cfg.kout) for x in (lay.arc, lay.other, lay.label, lay.score))
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _pruned_core(cfg: PrunedConfig, arcs, attrs, lp, dur):
+def final_frame_arcs(act, sc, tab, allow_partial: bool):
+    """The final frame's arcs from the active slots (act/sc [N, K]): label -1 arcs (log-prob 0) into the final
+    state, or, with `allow_partial` for a stream without any, every arc (graph score only, label -1, no graph
+    arc).  Returns the records (W, DS, CA, CL) [N, K, kout]; every arc enters the final state's slot 0."""
+    out_arc, _, out_label, out_score = tab
+    a0 = jnp.maximum(act, 0)[:, :, None]
+    c_arc = jnp.take_along_axis(out_arc, a0, axis=1)
+    c_lab = jnp.take_along_axis(out_label, a0, axis=1)
+    c_sc = jnp.take_along_axis(out_score, a0, axis=1)
+    real = (act >= 0)[:, :, None] & (c_arc >= 0)
+    partial = jnp.zeros(act.shape[:1], bool)
+    if allow_partial:
+        partial = ~jnp.any(real & (c_lab == -1), axis=(1, 2))
+    p3 = partial[:, None, None]
+    w = jnp.where(real & ((c_lab == -1) | p3), c_sc, NEG_INF)
+    ds = jnp.where(jnp.isfinite(w), 0, -1).astype(jnp.int32)
+    return w, ds, jnp.where(p3, -1, c_arc), jnp.where(p3, -1, c_lab)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _pruned_core(cfg: PrunedConfig, allow_partial: bool, arcs, attrs, lp, dur):
     B = arcs.src.shape[0]
     K, dtype = cfg.K, cfg.dtype
     tab = pruned_tables(cfg, arcs)
@@ -117,8 +137,11 @@ def _pruned_core(cfg: PrunedConfig, arcs, attrs, lp, dur):
     def step(carry, xs):
         act, sc = carry
         t, lp_t = xs
-        nact, nsc, w, dst_slot, c_arc, c_lab = pruned_frame_step(act, sc, lp_t, t == dur, tab, cfg)
-        return (nact, nsc), (sc, w, dst_slot, c_arc, c_lab)
+        nact, nsc, *rec = pruned_frame_step(act, sc, lp_t, t == dur, tab, cfg)
+        if allow_partial:        # the final frame's arcs, partial for a segment whose active states have no -1 arc
+            fin = (t == dur)[:, None, None]
+            rec = [jnp.where(fin, a, b) for a, b in zip(final_frame_arcs(act, sc, tab, True), rec)]
+        return (nact, nsc), (sc, *rec)
 
     (_, _), (fwd, W, DS, CA, CL) = lax.scan(step, (act0, sc0), (jnp.arange(Tp1, dtype=jnp.int32), lpT))
     return pruned_lattice(cfg, (fwd, W, DS, CA, CL), dur, ns > 0, bad_segments(arcs, lp, dur), attrs)
@@ -202,19 +225,24 @@ def broadcast_attrs(attrs, is_batch: bool, B: int):
 def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, output_beam: float,
                            min_active_states: int, max_active_states: int,
                            seqframe_idx_name: Optional[str] = None,
-                           frame_idx_name: Optional[str] = None) -> Fsa:
+                           frame_idx_name: Optional[str] = None, allow_partial: bool = False) -> Fsa:
     """Pruned intersection for decoding (k2's ``intersect_dense_pruned``); see the module doc.
 
     ``a_fsas``: one graph shared by all segments, or one per segment.  ``search_beam`` prunes the
     active states on each frame relative to that frame's best; ``max_active_states`` is the fixed
     size of the active set; ``min_active_states`` keeps at least that many (reachable) states
     whatever the beam.  ``output_beam`` prunes the returned lattice relative to its best path.
+    ``allow_partial`` (as k2): a segment none of whose active states on its last frame has a ``-1``
+    arc gets every arc leaving them redirected into the final state (graph score only, label ``-1``,
+    attributes 0) instead of no path.
     """
     if not search_beam > 0 or not output_beam > 0:
         raise ValueError(f"search_beam and output_beam must be > 0, got {search_beam}, {output_beam}")
     if max_active_states < 1 or min_active_states < 0 or min_active_states > max_active_states:
         raise ValueError(f"need 0 <= min_active_states <= max_active_states and max_active_states >= 1, "
                          f"got {min_active_states}, {max_active_states}")
+    if not isinstance(allow_partial, (bool, np.bool_)):
+        raise TypeError(f"allow_partial: expected a bool, got {type(allow_partial).__name__}")
     cfg0, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, None, math.inf, True, sparse_tables_as_segments=False,
                                         warn=False)
     if cfg0.kout is None:
@@ -227,7 +255,7 @@ def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, outp
     B = arcs.src.shape[0]
     a_batch = jnp.ndim(a_fsas.src) == 2
     attrs = broadcast_attrs(a_fsas.attrs, a_batch, B)
-    (src, dst, label, score), out_attrs, frame, ns, na = _pruned_core(cfg, arcs, attrs, lp, dur)
+    (src, dst, label, score), out_attrs, frame, ns, na = _pruned_core(cfg, bool(allow_partial), arcs, attrs, lp, dur)
     if frame_idx_name is not None:
         out_attrs[frame_idx_name] = frame
     if seqframe_idx_name is not None:

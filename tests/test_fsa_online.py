@@ -179,7 +179,7 @@ def test_partial_results_match_brute_force_and_wide_beams_match_intersect_dense(
     """Wide beams, one frame per call, k2's allow_partial=True: after F frames the lattice's total (log and
     tropical) is the brute-force total over F-frame paths ending with a final arc; when no state reachable in F
     frames has one, over F-frame paths followed by any arc (graph score only, label -1).  The complete lattices'
-    totals equal intersect_dense's (no pruning)."""
+    totals equal intersect_dense's (no pruning); intersect_dense_pruned(allow_partial=True) gives the same lattices."""
     rng = np.random.default_rng(2)
     T, C = 6, 4
     lp = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, T, C)), jnp.float32)))
@@ -208,6 +208,11 @@ def test_partial_results_match_brute_force_and_wide_beams_match_intersect_dense(
     # the complete lattices: no pruning
     exact = intersect_dense(TINY, _chunk(lp, [T, T]), output_beam=math.inf)
     np.testing.assert_allclose(tot, np.asarray(get_tot_scores(exact, use_double_scores=False)), rtol=1e-5)
+    # intersect_dense_pruned(allow_partial=True) over every prefix: the same lattices
+    segs = np.array([[n, 0, F] for F in range(1, T + 1) for n in range(2)], np.int32)
+    ref = intersect_dense_pruned(TINY, DenseFsaVec(jnp.asarray(lp), segs), 1e9, 1e9, 0, 4, allow_partial=True)
+    for j, (F, n) in enumerate(segs[:, [2, 0]]):
+        _same_lattice(lats[F - 1], n, ref, j)
     # F = 1: partial arcs labelled -1 with aux_labels the filler 0; with allow_partial=False no path
     first = lats[0]
     sc, lab, aux, dst = (np.asarray(x)[0, :int(first.num_arcs[0])] for x in (first.score, first.label,
