@@ -36,7 +36,8 @@ from fsa_ops.fsa import Fsa
 from fsa_ops.sort import arc_sort
 from fsa_ops.symbol_table import SymbolTable
 
-__all__ = ["NgramLM", "Vocabulary", "read_arpa", "write_arpa", "ngram_lm_from_grams", "ngram_to_fsa"]
+__all__ = ["NgramLM", "Vocabulary", "read_arpa", "write_arpa", "arpa_text", "ngram_lm_from_grams", "lm_grams",
+           "advance_arrays", "ngram_to_fsa"]
 
 LN10 = math.log(10.0)
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
@@ -504,7 +505,7 @@ def write_arpa(lm: NgramLM, path) -> None:
 
 
 def ngram_to_fsa(lm: NgramLM, word_table: Optional[Union[SymbolTable, Mapping[str, int]]] = None,
-                 backoff_label: int = 0, oov: str = "skip") -> Fsa:
+                 backoff_label: int = 0, oov: str = "skip", aux_labels: bool = False) -> Fsa:
     """The back-off acceptor G of the model (as Kaldi's arpa2fst + k2's ``Fsa.from_openfst``; icefall's G).
 
     States: the LM's states (0 is the <s> context, the k2 start state) plus a final state (last). Arcs (scores in
@@ -515,7 +516,8 @@ def ngram_to_fsa(lm: NgramLM, word_table: Optional[Union[SymbolTable, Mapping[st
 
     `word_table`: word -> label (an fsa_ops SymbolTable such as icefall's words.txt, or a dict); default
     ``lm.symbol_table()``. `oov`: what to do with an n-gram whose word is not in the table: 'skip' it (as
-    arpa2fst with a symbol table) or 'error'. Arcs scoring -inf are left out.
+    arpa2fst with a symbol table) or 'error'. Arcs scoring -inf are left out. `aux_labels`: also give G
+    ``aux_labels`` equal to its labels (as ``Fsa.from_openfst(G_txt, acceptor=False)`` in icefall).
 
     Unlike the LM, G also allows the backoff path where the n-gram exists: a path's score equals the LM's
     score when it takes every existing n-gram, which is its best path in the tropical semiring unless a backoff
@@ -572,6 +574,7 @@ def ngram_to_fsa(lm: NgramLM, word_table: Optional[Union[SymbolTable, Mapping[st
         if backoff[s] != -np.inf:
             src.append(fsa_state[s]), dst.append(fsa_state[parent[s]]), lab.append(backoff_label)
             score.append(float(backoff[s]))
-    fsa = Fsa.from_arcs(np.asarray(src, np.int32), np.asarray(dst, np.int32), np.asarray(lab, np.int32),
-                        np.asarray(score, np.float32), num_states=S + 1)
+    lab = np.asarray(lab, np.int32)
+    fsa = Fsa.from_arcs(np.asarray(src, np.int32), np.asarray(dst, np.int32), lab, np.asarray(score, np.float32),
+                        num_states=S + 1, aux_labels=lab.copy() if aux_labels else None)
     return arc_sort(fsa)

@@ -278,6 +278,27 @@ def test_kneser_ney_equals_lmplz(arpa, text, order, fallback):
                                    atol=1e-5)
 
 
+def test_kneser_ney_by_hand():
+    """Corpus "a b", "a"; order 2; discounts (0.5, 1, 1.5) for both orders. Padded: <s> a b </s>, <s> a </s>.
+    Bigrams (raw): <s> a 2, a b 1, a </s> 1, b </s> 1. Unigrams (distinct left words): a 1, b 1, </s> 2,
+    <s> 0, <unk> 0: denominator 4, gamma() = (0.5 * 2 + 1 * 1) / 4 = 0.5, uniform 1 / (5 - 1).
+    p(a) = p(b) = 0.5 / 4 + 0.5 / 4 = 0.25; p(</s>) = 1 / 4 + 0.125 = 0.375; p(<unk>) = 0.125.
+    <s>: den 2, gamma 1 * 1 / 2 = 0.5: p(a | <s>) = (2 - 1) / 2 + 0.5 * 0.25 = 0.625.
+    a: den 2, gamma (0.5 + 0.5) / 2 = 0.5: p(b | a) = 0.25 + 0.5 * 0.25 = 0.375, p(</s> | a) = 0.25 + 0.5 * 0.375.
+    b: den 1, gamma 0.5: p(</s> | b) = 0.5 + 0.5 * 0.375 = 0.6875. Backoffs 0.5 for <s>, a, b; 1 for </s>."""
+    lm = estimate_kneser_ney(["a b", "a"], 2, discounts=[(0.5, 1.0, 1.5)] * 2)
+    got = words_of(lm)
+    want = {("<unk>",): (0.125, 1.0), ("<s>",): (1.0, 0.5), ("</s>",): (0.375, 1.0), ("a",): (0.25, 0.5),
+            ("b",): (0.25, 0.5), ("<s>", "a"): (0.625, None), ("a", "b"): (0.375, None),
+            ("a", "</s>"): (0.4375, None), ("b", "</s>"): (0.6875, None)}
+    assert set(got) == set(want)
+    for g, (p, bo) in want.items():
+        assert got[g][0] == pytest.approx(math.log(p), abs=1e-6), g
+        assert got[g][1] == (None if bo is None else pytest.approx(math.log(bo), abs=1e-6)), g
+    assert lm.score_sentence("a b") == pytest.approx(math.log(0.625 * 0.375 * 0.6875), abs=1e-6)
+    assert lm.score_sentence("b") == pytest.approx(math.log(0.5 * 0.25 * 0.6875), abs=1e-6)  # unseen <s> b
+
+
 def test_discounts_by_hand():
     # Chen & Goodman eq. 26: Y = 6 / (6 + 2 * 4) = 3/7; D1 = 1 - 2 Y 4/6, D2 = 2 - 3 Y 3/4, D3+ = 3 - 4 Y 1/3
     y = 3 / 7
@@ -463,7 +484,8 @@ def test_grammar_fsa_best_paths(name):
 def test_grammar_fsa_word_table_backoff_label_and_compose():
     lm = read_arpa(data("handmade_nounk.arpa"))
     table = fsa_ops.SymbolTable.from_str("<eps> 0\na 1\nb 2\nc 3\n#0 4\n")  # no 'd': its n-grams are skipped
-    G = ngram_to_fsa(lm, table, backoff_label=4)
+    G = ngram_to_fsa(lm, table, backoff_label=4, aux_labels=True)
+    np.testing.assert_array_equal(np.asarray(G.attrs["aux_labels"]), np.asarray(G.label))
     labels = set(np.asarray(G.label).tolist())
     assert labels <= {-1, 1, 2, 3, 4} and 4 in labels and 0 not in labels
     with pytest.raises(ValueError, match="'d' of the LM is not in word_table"):
