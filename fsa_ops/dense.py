@@ -67,7 +67,7 @@ from fsa_ops.fsa import Fsa
 from fsa_ops.scores import (NEG_INF, bad_fsas, fsa_arrays, is_traced, max_degree, nonfinite_sum, score_dtype,
                             valid_arcs)
 
-__all__ = ["DenseFsaVec", "intersect_dense", "dense_tot_scores", "bad_segments"]
+__all__ = ["DenseFsaVec", "intersect_dense", "dense_tot_scores", "bad_segments", "broadcast_attrs"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +318,14 @@ def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
     return _dense_tot_jit(cfg, arcs, lp, dur, plan)
 
 
+def broadcast_attrs(attrs, is_batch: bool, B: int):
+    """A graph's per-arc attributes (arrays or Ragged) as jnp [B, A, ...]: one graph's broadcast to B."""
+    def one(x):
+        x = jnp.asarray(x) if is_batch else jnp.asarray(x)[None]
+        return x if x.shape[0] == B else jnp.broadcast_to(x, (B,) + x.shape[1:])
+    return {k: tree_util.tree_map(one, v) for k, v in attrs.items()}
+
+
 @functools.partial(jax.jit, static_argnums=(0,))
 def _lattice_core(cfg: DenseConfig, arcs, attrs, lp, dur):
     B, A = arcs.src.shape
@@ -364,7 +372,7 @@ def _lattice_core(cfg: DenseConfig, arcs, attrs, lp, dur):
 
     out = dict(src=flat(src, 0).astype(jnp.int32), dst=flat(dst, 0).astype(jnp.int32),
                label=flat(label, 0).astype(jnp.int32), score=flat(w, NEG_INF).astype(arcs.score.dtype))
-    out_attrs = {k: flat(v[:, None], 0) for k, v in attrs.items()}
+    out_attrs = {k: tree_util.tree_map(lambda x: flat(x[:, None], 0), v) for k, v in attrs.items()}  # Ragged too
     frame = flat(jnp.broadcast_to(t, (B, T + 1, A)), 0)
     num_states = jnp.where(ns > 0, (dur + 1) * S + 1, 0).astype(jnp.int32)
     num_arcs = ((dur + 1) * A).astype(jnp.int32)
@@ -390,10 +398,7 @@ def intersect_dense(a_fsas, b_fsas: DenseFsaVec, output_beam: float, max_states:
     if Sl > max_states or (T + 1) * A > max_arcs:
         raise ValueError(f"intersect_dense: lattice of {Sl} states / {(T + 1) * A} arcs per sequence "
                          f"exceeds max_states={max_states} / max_arcs={max_arcs}")
-    a_batch = jnp.ndim(a_fsas.src) == 2
-    attrs = {k: (jnp.asarray(v) if a_batch else jnp.asarray(v)[None]) for k, v in a_fsas.attrs.items()}
-    attrs = {k: (jnp.broadcast_to(v, (B,) + v.shape[1:]) if v.shape[0] != B else v)
-             for k, v in attrs.items()}
+    attrs = broadcast_attrs(a_fsas.attrs, jnp.ndim(a_fsas.src) == 2, B)
     out, out_attrs, frame, ns, na = _lattice_core(cfg, arcs, attrs, lp, dur)
     if frame_idx_name is not None:
         out_attrs[frame_idx_name] = frame

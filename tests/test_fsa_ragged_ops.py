@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fsa_oracle import enumerate_paths, languages_close, random_fsas, weighted_language  # noqa: E402
 
 from fsa_ops.connect import connect  # noqa: E402
-from fsa_ops.dense import DenseFsaVec  # noqa: E402
+from fsa_ops.dense import DenseFsaVec, intersect_dense  # noqa: E402
 from fsa_ops.determinize import determinize  # noqa: E402
 from fsa_ops.fsa import Fsa, check_fsa, create_fsa_vec  # noqa: E402
 from fsa_ops.graphs import ctc_topo  # noqa: E402
@@ -452,6 +452,8 @@ def test_hlg_lattice_best_path_words(seed, n_words):
     dense = DenseFsaVec(logp[None], np.array([[0, 0, T]], np.int32))
     lat = intersect_dense_pruned(HLG, dense, search_beam=20.0, output_beam=8.0, min_active_states=30,
                                  max_active_states=10000)
-    best = shortest_path(lat, use_double_scores=False)
-    assert [sum(r, []) for r in best.aux_labels.remove_values_leq(0).tolist()] == [list(exp[1])]
-    assert float(np.asarray(best.scores)[0, :int(best.num_arcs[0])].sum()) == pytest.approx(exp[0], abs=1e-4)
+    exact = intersect_dense(HLG, dense, output_beam=8.0)                  # and the exact (unpruned) lattice
+    for lat in (lat, exact):
+        best = shortest_path(lat, use_double_scores=False)
+        assert [sum(r, []) for r in best.aux_labels.remove_values_leq(0).tolist()] == [list(exp[1])]
+        assert float(np.asarray(best.scores)[0, :int(best.num_arcs[0])].sum()) == pytest.approx(exp[0], abs=1e-4)
