@@ -14,6 +14,8 @@ from jasr.features import (CmvnStats, FeatureConfig, compute_features, compute_f
 from jasr.losses import ctc_loss, joint_ctc_attention_loss, wav2vec2_ctc_loss
 from jasr.manifests import ManifestError, Utterance, read_folder, read_manifest, write_manifest
 from jasr.metrics import cer, wer
+from jasr.ngram import NgramLM, ngram_to_fsa, read_arpa, write_arpa
+from jasr.ngram_estimate import estimate_kneser_ney
 from jasr.tokenizers import CharTokenizer, SentencePieceTokenizer, TokenizerError, WhisperTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
@@ -26,4 +28,5 @@ __all__ = [
     "Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig", "make_loader",
     "DataError",
     "ctc_greedy_decode", "ctc_greedy_ids", "ids_to_text", "wer", "cer",
+    "NgramLM", "read_arpa", "write_arpa", "ngram_to_fsa", "estimate_kneser_ney",
 ]
