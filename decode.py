@@ -11,10 +11,13 @@ usage: python decode.py --workdir DIR [--split NAME | --manifest FILE.jsonl | FI
   --show N            print N example transcripts (default 5)
   --output FILE       where to write per-utterance results (default DIR/decode_<split>.jsonl)
 
-Decoding is greedy: CTC best path (conformer_ctc, wav2vec2_ctc, conformer_aed with loss.type="joint") or greedy
-attention decoding (conformer_aed with loss.type="attention", whisper). Prints WER and CER against the references.
-A file that cannot be read (missing header, truncated, no samples, non-finite samples, not as long as its manifest
-says) is reported, one line each, and written to the results with an "error" field; the others are decoded.
+Decoding is greedy: CTC best path (conformer_ctc, wav2vec2_ctc, conformer_aed with loss.type="joint"), greedy
+attention decoding (conformer_aed with loss.type="attention": up to the encoder's output frames), or Whisper's
+long-form transcription of the whole file (30 s windows, seeking on timestamps as openai-whisper; up to the model's
+448 positions per window). A hypothesis never depends on the reference: a file decodes to the same text with or
+without a transcript. Prints WER and CER against the references. A file that cannot be read (missing header,
+truncated, no samples, non-finite samples, not as long as its manifest says) is reported, one line each, written
+to the results with an "error" field and counted in WER/CER as all deletions; the others are decoded.
 A wav2vec2_pretrain run has no decoder: decode.py refuses it (its dev loss is in DIR/metrics.jsonl).
 """
 import json
@@ -133,8 +136,8 @@ def main(argv):
     if "wer" in m:
         line += f", WER {100 * m['wer']:.2f}%, CER {100 * m['cer']:.2f}%"
     if failed:
-        line += f"; {len(failed)} files could not be read (not in WER; listed above, with an \"error\" field in " \
-                f"the results)"
+        line += f"; {len(failed)} files could not be read (all deletions in WER/CER; listed above, with an " \
+                f"\"error\" field in the results)"
     line += f" ({audio_s:.0f} s of audio in {dt:.1f} s); results in {out_path}"
     print(line, flush=True)
     return 0

@@ -111,7 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.tensorboard = True
     c.train.init_from = ""              # HF directory to initialise from (wav2vec2_ctc / whisper / wav2vec2_pretrain)
     c.train.freeze_feature_encoder = False  # wav2vec2: the conv feature encoder gets no updates (HF fine-tuning)
-    c.train.max_decode_tokens = 0       # whisper dev decoding: tokens per utterance (0: label bucket length + 8)
+    c.train.max_decode_tokens = 0       # attention decoding (whisper per 30 s window, conformer_aed): most new
+    #                                     tokens per hypothesis; 0: the model's limit (whisper: max_target_positions
+    #                                     minus the prompt; aed: the encoder's output frames of the audio bucket)
     c.train.stop_after = 0              # stop (checkpointed) after this many steps of this process (0 = no)
     return c
 

@@ -220,19 +220,21 @@ def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData, task: Task 
 
 
 def make_eval_loader(cfg: ml_collections.ConfigDict, utts: list[Utterance], tokenizer, *, edges=None,
-                     task: Task | None = None):
+                     task: Task | None = None, whole_files: bool = False):
     """One ordered pass over `utts` that leaves none out. With `edges` (the training buckets' upper durations)
     batches get the training shapes, so the evaluation reuses compiled programs; longer utterances get one more
     bucket (batches of one where that exceeds data.max_frames). A transcript that cannot be a label (characters
     outside the tokenizer, more tokens than frames) gets a placeholder label (``loader.placeholders``): no loss,
-    still decoded and scored; a file that fails to decode is a row named in the batch's ``errors``."""
+    still decoded and scored; a file that fails to decode is a row named in the batch's ``errors``.
+    `whole_files`: the features of the family's ``decode_feature_config`` (e.g. Whisper's log-mel of the whole
+    file, not its first 30 s), for ``Task.transcribe``."""
     boundaries = None
     if edges:
         longest = max(u.duration for u in utts)
         boundaries = tuple(edges) + ((math.ceil(longest * 10) / 10 + 0.1,) if longest > edges[-1] else ())
     bc = dataclasses.replace(batch_config(cfg), drop_unfit=False, drop_too_long=False, bucket_boundaries=boundaries,
                              keep_unscorable=True, skip_bad_audio=True, allow_oversize=True)
-    fc = feature_config(cfg)
+    fc = family(cfg.model.name).decode_feature_config(cfg) if whole_files else feature_config(cfg)
     return make_loader(utts, tokenizer, fc, bc, shuffle=False, num_epochs=1, worker_count=cfg.data.num_workers,
                        label_fn=label_fn(cfg, tokenizer), output_frames=_output_frames(task, fc))
 

@@ -332,40 +332,72 @@ def eval_function(task: Task) -> Callable:
     return jax.jit(functools.partial(eval_step, task=task))
 
 
+def decode_function(task: Task) -> Callable:
+    """(state, batch) -> {"ids" [B, L], "lengths" [B]} for decoding whole files: the task's host-side long-form
+    ``transcribe`` where it has one (batches from ``make_eval_loader(..., whole_files=True)``), else the jitted
+    eval step."""
+    if not task.transcribes_whole_files:
+        return eval_function(task)
+
+    def transcribe(state: TrainState, batch: dict) -> dict:
+        toks = task.transcribe(state.params, state.model_state, batch)
+        ids = np.zeros((len(toks), max([len(t) for t in toks] + [1])), np.int32)
+        for r, t in enumerate(toks):
+            ids[r, :len(t)] = t
+        return {"ids": ids, "lengths": np.array([len(t) for t in toks], np.int32)}
+    return transcribe
+
+
+def score_results(results: list[dict]) -> dict:
+    """WER and CER ({"wer", "cer", "scored"}) over the results that have a reference; a result with an "error"
+    (the file could not be read or decoded) counts with an empty hypothesis: all its words are deletions.
+    {"scored": 0} when no result has a reference."""
+    scored = [r for r in results if r["ref"]]
+    if not scored:
+        return {"scored": 0}
+    refs, hyps = [r["ref"] for r in scored], [r.get("hyp", "") for r in scored]
+    return {"wer": metrics_lib.wer(refs, hyps), "cer": metrics_lib.cer(refs, hyps), "scored": len(scored)}
+
+
 def evaluate(state: TrainState, eval_fn: Callable, loader, tokenizer, texts: dict, *, max_batches: int = 0
              ) -> tuple[dict, list[dict]]:
-    """Runs `eval_fn` over one pass of `loader`; returns ({loss, wer, cer, utterances, failed}, per-utterance
-    results).
+    """Runs `eval_fn` over one pass of `loader`; returns ({loss, wer, cer, utterances, failed, scored},
+    per-utterance results).
 
     `texts`: utterance id -> reference transcript ("" for files without one: no WER for those). `utterances` counts
     the utterances decoded (those with a reference are scored in WER/CER, placeholder labels included: they only
-    have no loss); `failed` the files that could not be read: their result is ``{"id", "ref", "error"}``.
+    have no loss); `failed` the files that could not be read: their result is ``{"id", "ref", "error"}`` and they
+    count in WER/CER as all deletions (see :func:`score_results`); `scored` the results with a reference.
+    `loss` is there when `eval_fn` scores the batches (not for a long-form ``decode_function``).
     """
     loss_sum = weight = 0.0
     results, failed = [], []
+    has_loss = decodes = False
     for i, batch in enumerate(loader):
         if max_batches and i >= max_batches:
             break
         out = jax.device_get(eval_fn(state, device_inputs(batch)))
-        loss_sum += float(out["loss_sum"])
-        weight += float(out["weight"])
+        if "loss_sum" in out:
+            has_loss = True
+            loss_sum += float(out["loss_sum"])
+            weight += float(out["weight"])
         errors = batch.get("errors")
         for r, uid in enumerate(str(x) for x in batch["ids"]):
             if uid and errors is not None and errors[r]:
                 failed.append({"id": uid, "ref": texts.get(uid) or "", "error": str(errors[r])})
         if "ids" in out:
+            decodes = True
             for r, uid in enumerate(str(x) for x in batch["ids"]):
                 if not uid or (errors is not None and errors[r]):
                     continue
                 hyp_ids = out["ids"][r, :int(out["lengths"][r])].tolist()
                 results.append({"id": uid, "ref": texts.get(uid) or "",
                                 "hyp": " ".join(tokenizer.decode(hyp_ids).split())})
-    m = {"loss": loss_sum / max(weight, 1.0), "utterances": len(results), "failed": len(failed)}
-    scored = [r for r in results if r["ref"]]
-    if scored:
-        refs, hyps = [r["ref"] for r in scored], [r["hyp"] for r in scored]
-        m["wer"] = metrics_lib.wer(refs, hyps)
-        m["cer"] = metrics_lib.cer(refs, hyps)
+    m = {"utterances": len(results), "failed": len(failed)}
+    if has_loss:
+        m["loss"] = loss_sum / max(weight, 1.0)
+    if decodes:      # a model with a decoder: failed files count as all deletions
+        m.update(score_results(results + failed))
     return m, results + failed
 
 
@@ -429,17 +461,23 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
 
 
 def evaluate_utterances(run: RunInfo, utts: list[Utterance], *, bad: list[dict] = ()) -> tuple[dict, list[dict]]:
-    """Greedy transcripts of `utts` with a loaded run, in batches of the run's training shapes; WER/CER against
-    the utterances that have a transcript (see :func:`evaluate`). Each file's header is checked first
-    (jasr.manifests.check_utterances): a file that fails that check or fails to decode, and each record of `bad`
-    (``{"id", "reason"}``, e.g. from read_manifest's `bad`), gets a result ``{"id", "ref", "error"}`` and counts
-    in `failed`; the others are decoded and scored."""
+    """Transcripts of `utts` with a loaded run, in batches of the run's training shapes (whole files: long-form
+    for a family that transcribes them, see :func:`decode_function`); WER/CER against the utterances that have a
+    transcript (see :func:`evaluate`). Hypothesis lengths do not depend on the transcripts. Each file's header is
+    checked first (jasr.manifests.check_utterances): a file that fails that check or fails to decode, and each
+    record of `bad` (``{"id", "reason"}``, e.g. from read_manifest's `bad`), gets a result ``{"id", "ref",
+    "error"}``, counts in `failed` and, with a reference, in WER/CER as all deletions; the others are decoded and
+    scored. Every utterance of `utts` and `bad` has one result."""
     texts = reference_texts(utts)
     ok, unreadable = check_utterances(utts)
     failed = [{"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]} for r in [*bad, *unreadable]]
     m, results = {"utterances": 0, "failed": 0}, []
     if ok:
-        loader = make_eval_loader(run.config, ok, run.tokenizer, edges=run.bucket_edges, task=run.task)
-        m, results = evaluate(run.state, eval_function(run.task), loader, run.tokenizer, texts)
+        loader = make_eval_loader(run.config, ok, run.tokenizer, edges=run.bucket_edges, task=run.task,
+                                  whole_files=run.task.transcribes_whole_files)
+        failed += [{"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]} for r in loader.skipped]
+        m, results = evaluate(run.state, decode_function(run.task), loader, run.tokenizer, texts)
     m["failed"] += len(failed)
+    m = {k: v for k, v in m.items() if k not in ("wer", "cer", "scored")}
+    m.update(score_results(results + failed))
     return m, results + failed

@@ -425,10 +425,11 @@ def _prompts(model, params, enc, settings, language, task, return_timestamps, la
 
 
 def generate(model: WhisperModel, params, input_features, settings: GenerationSettings, *,
-             max_new_tokens: int = 64, num_beams: int = 1, language: Optional[str] = None,
+             max_new_tokens: Optional[int] = None, num_beams: int = 1, language: Optional[str] = None,
              task: Optional[str] = None, return_timestamps: bool = False, length_penalty: float = 1.0,
              early_stopping: Union[bool, str] = False) -> dict[str, Array]:
-    """Short-form (<= 30 s) transcription of ``input_features [B, n_mels, frames]``.
+    """Short-form (<= 30 s) transcription of ``input_features [B, n_mels, frames]``; ``max_new_tokens`` defaults
+    to the model's limit (``max_target_positions`` minus the prompt).
 
     Returns ``{"sequences": [B, P + max_new_tokens] (prompt, generated tokens, pad after eos),
     "prompt_length": P, "scores": [B]}``; :func:`strip` turns rows into the token lists transformers'
@@ -437,11 +438,22 @@ def generate(model: WhisperModel, params, input_features, settings: GenerationSe
     feats = jnp.asarray(input_features, jnp.float32)
     enc = encode(model, params, feats)
     prompt = _prompts(model, params, enc, settings, language, task, return_timestamps)
-    opts = decode_options(settings, max_new_tokens=max_new_tokens, num_beams=num_beams,
-                          return_timestamps=return_timestamps, length_penalty=length_penalty,
+    opts = decode_options(settings, max_new_tokens=model_limit(model, prompt.shape[1], max_new_tokens),
+                          num_beams=num_beams, return_timestamps=return_timestamps, length_penalty=length_penalty,
                           early_stopping=early_stopping)
     seqs, scores = generate_from_encoder(model, params, enc, prompt, opts)
     return {"sequences": seqs, "prompt_length": prompt.shape[1], "scores": scores}
+
+
+def model_limit(model: WhisperModel, prompt_length: int, max_new_tokens: Optional[int] = None) -> int:
+    """``max_new_tokens``, or when None the model's limit: ``max_target_positions`` minus the prompt."""
+    if max_new_tokens is not None:
+        return int(max_new_tokens)
+    limit = model.config.max_target_positions - prompt_length
+    if limit < 1:
+        raise ValueError(f"a prompt of {prompt_length} tokens leaves no room in max_target_positions="
+                         f"{model.config.max_target_positions}")
+    return limit
 
 
 def strip(sequences, prompt_length: int, settings: GenerationSettings) -> list[list[int]]:
@@ -505,7 +517,7 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, window_frames: i
 
 
 def transcribe_sequential(model: WhisperModel, params, input_features, settings: GenerationSettings, *,
-                          num_frames: Optional[Sequence[int]] = None, max_new_tokens: int = 64,
+                          num_frames: Optional[Sequence[int]] = None, max_new_tokens: Optional[int] = None,
                           num_beams: int = 1, language: Optional[str] = None, task: Optional[str] = None,
                           return_timestamps: bool = True, length_penalty: float = 1.0,
                           batch_size: Optional[int] = None) -> list[dict]:
@@ -515,7 +527,8 @@ def transcribe_sequential(model: WhisperModel, params, input_features, settings:
     (finished examples are replaced by zero windows) so it compiles once.
 
     ``input_features``: ``[B, n_mels, T]`` with any ``T``; ``num_frames`` the valid frames per example (default
-    ``T``). Returns per example ``{"tokens": [...], "segments": [{"start", "end", "tokens"}...]}`` where
+    ``T``); ``max_new_tokens`` per window defaults to the model's limit (``max_target_positions`` minus the
+    prompt). Returns per example ``{"tokens": [...], "segments": [{"start", "end", "tokens"}...]}`` where
     ``tokens`` concatenates the segments (transformers' long-form output).
     """
     feats = np.asarray(input_features, np.float32)
@@ -531,11 +544,11 @@ def transcribe_sequential(model: WhisperModel, params, input_features, settings:
     tb = settings.timestamp_begin
     if return_timestamps and tb is None:
         raise ValueError("timestamps need no_timestamps_token_id in the generation settings")
-    opts = decode_options(settings, max_new_tokens=max_new_tokens, num_beams=num_beams,
-                          return_timestamps=return_timestamps, length_penalty=length_penalty)
+    init = settings.init_tokens(language=language, task=task, return_timestamps=return_timestamps)
+    opts = decode_options(settings, max_new_tokens=model_limit(model, len(init), max_new_tokens),
+                          num_beams=num_beams, return_timestamps=return_timestamps, length_penalty=length_penalty)
     seek = np.zeros(b, np.int64)
     results = [{"tokens": [], "segments": []} for _ in range(b)]
-    init = settings.init_tokens(language=language, task=task, return_timestamps=return_timestamps)
     langs = None
     if len(init) > 1 and init[1] is None:       # detect once per example, on its first window (as transformers)
         langs = np.zeros(b, np.int64)
@@ -599,11 +612,12 @@ def merge_overlapping(chunks: Sequence[Sequence[int]], min_match: int = 1) -> li
 
 def transcribe_batched(model: WhisperModel, params, input_features, settings: GenerationSettings, *,
                        num_frames: Optional[Sequence[int]] = None, overlap_frames: int = 0,
-                       max_new_tokens: int = 64, num_beams: int = 1, language: Optional[str] = None,
+                       max_new_tokens: Optional[int] = None, num_beams: int = 1, language: Optional[str] = None,
                        task: Optional[str] = None, batch_size: int = 8) -> list[dict]:
     """Long-form transcription by fixed windows decoded in parallel: windows of 30 s start every
     ``30 s - overlap_frames`` frames; all windows of all examples are decoded ``batch_size`` at a time (no
     timestamps); window texts are concatenated (``overlap_frames=0``) or merged with :func:`merge_overlapping`.
+    ``max_new_tokens`` per window defaults to the model's limit (``max_target_positions`` minus the prompt).
 
     Returns per example ``{"tokens": merged tokens, "windows": [(start_frame, tokens)...]}``.
     """
@@ -622,7 +636,9 @@ def transcribe_batched(model: WhisperModel, params, input_features, settings: Ge
         starts = list(range(0, max(int(lengths[i]) - overlap_frames, 1), step))
         for s in starts:
             jobs.append((i, s, int(min(nf, lengths[i] - s))))
-    opts = decode_options(settings, max_new_tokens=max_new_tokens, num_beams=num_beams)
+    prompt_length = len(settings.init_tokens(language=language, task=task))
+    opts = decode_options(settings, max_new_tokens=model_limit(model, prompt_length, max_new_tokens),
+                          num_beams=num_beams)
     outs: list[list[int]] = []
     for j in range(0, len(jobs), batch_size):
         part = jobs[j:j + batch_size]

@@ -90,7 +90,9 @@ class Task:
     ``init(key, batch) -> variables``; ``loss(params, model_state, batch, key, train) -> (loss_sum, (weight,
     new_model_state, aux))``, the reported loss being ``loss_sum / weight`` (weight = label tokens, or masked
     frames for pre-training); ``greedy_decode(params, model_state, batch) -> (ids [B, L] left-aligned, lengths
-    [B])`` or None for a model without a decoder.
+    [B])`` or None for a model without a decoder. A hypothesis' length limit comes from the audio and the model
+    (and config ``train.max_decode_tokens``), never from ``labels``: decoding is the same with or without a
+    transcript.
     """
     model: nn.Module
     frozen: tuple = ()            # parameter path prefixes that get no gradient and no update (jasr.optim)
@@ -171,6 +173,22 @@ class Task:
 
     def greedy_decode(self, params, model_state, batch: dict):
         return None
+
+    @classmethod
+    def decode_feature_config(cls, cfg: ml_collections.ConfigDict) -> FeatureConfig:
+        """The features of whole files for :meth:`transcribe` (default: :meth:`feature_config`)."""
+        return cls.feature_config(cfg)
+
+    @property
+    def transcribes_whole_files(self) -> bool:
+        """True when :meth:`transcribe` decodes whole files on the host (long-form), which decode.py then uses
+        instead of the jitted :meth:`greedy_decode`."""
+        return False
+
+    def transcribe(self, params, model_state, batch: dict) -> list[list[int]]:
+        """Token ids per row of a batch of whole files (features of :meth:`decode_feature_config`); only for a
+        family with ``transcribes_whole_files``."""
+        raise NotImplementedError(f"{self.name!r} decodes with greedy_decode")
 
     def output_frames(self, samples: int, fc: FeatureConfig) -> int | None:
         """The network's output frames for `samples` audio samples (exact, after its subsampling), which labels

@@ -61,7 +61,8 @@ class ConformerCTCTask(_FeatureTask):
 
     @classmethod
     def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
-        mcfg = ConformerConfig(**{**model_fields_with_precision(cfg), "vocab_size": vocab_size, "input_dim": feature_dim(fc)})
+        mcfg = ConformerConfig(**{**model_fields_with_precision(cfg), "vocab_size": vocab_size,
+                                  "input_dim": feature_dim(fc)})
         return cls(model=ConformerCTC(mcfg), frontend=Frontend.from_config(cfg, fc))
 
     def encoder_config(self):
@@ -96,11 +97,13 @@ class ConformerAEDTask(_FeatureTask):
 
     loss.type "attention": label-smoothed KL per target token, greedy attention decoding for dev WER;
     "joint": ``ctc_weight * CTC + (1 - ctc_weight) * attention`` per target token, greedy CTC decoding.
-    The vocabulary gets one more id for sos/eos.
+    The vocabulary gets one more id for sos/eos. Greedy attention decoding runs to eos or to the encoder's output
+    frames of the batch's (bucket-padded) audio, capped by ``max_decode_tokens`` when that is > 0.
     """
     joint: bool = False
     ctc_weight: float = 0.3
     label_smoothing: float = 0.1
+    max_decode_tokens: int = 0    # config train.max_decode_tokens; 0: the encoder's output frames
     name = "conformer_aed"
     loss_types = ("attention", "joint")
 
@@ -130,7 +133,8 @@ class ConformerAEDTask(_FeatureTask):
         mcfg = AEDConfig.from_dict({**fields, "encoder": enc, "vocab_size": vocab_size + 1,   # + sos/eos id
                                     "ctc_weight": cfg.loss.ctc_weight if joint else 0.0})
         return cls(model=AEDModel(mcfg), frontend=Frontend.from_config(cfg, fc), joint=joint,
-                   ctc_weight=float(cfg.loss.ctc_weight), label_smoothing=float(cfg.loss.label_smoothing))
+                   ctc_weight=float(cfg.loss.ctc_weight), label_smoothing=float(cfg.loss.label_smoothing),
+                   max_decode_tokens=int(cfg.train.max_decode_tokens))
 
     def encoder_config(self):
         return self.model.config.encoder
@@ -156,6 +160,12 @@ class ConformerAEDTask(_FeatureTask):
         logged = {"att": aux["att_loss"], **{k: aux[k] for k in ("ctc_loss", "infeasible_rows") if k in aux}}
         return total, (jnp.maximum(aux["num_tokens"], 1.0), ms, logged)
 
+    def max_tokens(self, frames: int) -> int:
+        """Most tokens a hypothesis of `frames` (padded) feature frames may have: the encoder's output frames
+        (static for jit: one value per audio bucket), capped by max_decode_tokens when that is > 0."""
+        limit = max(int(self.encoder_config().output_length(frames)), 1)
+        return min(limit, self.max_decode_tokens) if self.max_decode_tokens > 0 else limit
+
     def greedy_decode(self, params, model_state, batch):
         batch = self.frontend(batch, None, False)
         variables = {"params": params, **model_state}
@@ -164,6 +174,6 @@ class ConformerAEDTask(_FeatureTask):
                                                method=AEDModel.encode)
             return ctc_greedy_decode(logits, pads, self.blank_id)
         toks, tpad, _ = greedy_search(self.model, variables, batch["features"], batch["feature_paddings"],
-                                      batch["labels"].shape[1] + 1)
+                                      self.max_tokens(batch["features"].shape[1]))
         return toks.astype(jnp.int32), jnp.sum(1.0 - tpad, axis=1).astype(jnp.int32)
 

@@ -1,6 +1,10 @@
 """Whisper fine-tuning (``whisper``): 30 s log-mel windows, the ``whisper:*`` BPE tokenizer, the decoder prompt
 ``<|startoftranscript|><|lang|><|transcribe|><|notimestamps|>``, label-smoothed cross-entropy on the text tokens and
-``<|endoftext|>``, greedy decoding for dev WER; architecture and weights from a Hugging Face directory."""
+``<|endoftext|>``, greedy decoding for dev WER (one 30 s window), long-form transcription of whole files for
+decode.py (seek on timestamps, as openai-whisper); architecture and weights from a Hugging Face directory.
+
+Hypotheses run to ``<|endoftext|>`` or to the model's limit (``max_target_positions`` minus the prompt), capped by
+config ``train.max_decode_tokens`` when that is > 0; never to a length taken from the reference."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +14,7 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jasr import losses
 from jasr.errors import ConfigError
@@ -18,7 +23,7 @@ from jasr.tasks.base import Task, model_fields, read_hf_config, require
 from jasr.tokenizers import WhisperTokenizer, normalize_whitespace
 from models.hf_io import load_state_dict
 from models.whisper import WhisperConfig, WhisperModel
-from models.whisper_generate import DecodeOptions, generate_from_encoder
+from models.whisper_generate import DecodeOptions, GenerationSettings, generate_from_encoder, transcribe_sequential
 from models.whisper_hf import hf_to_params
 
 
@@ -28,9 +33,11 @@ class WhisperTask(Task):
     label_smoothing: float = 0.1
     prompt: tuple = ()            # <|startoftranscript|><|lang|><|transcribe|><|notimestamps|>
     eos_id: int = 0               # <|endoftext|> (ends the targets and greedy decoding)
-    max_decode_tokens: int = 0    # dev decoding: 0 = label bucket length + 8
+    max_decode_tokens: int = 0    # new tokens per utterance (per 30 s window); 0: max_target_positions - prompt
     suppress_tokens: tuple = ()   # from generation_config.json of train.init_from
     begin_suppress_tokens: tuple = ()
+    no_timestamps_id: int = 0     # <|notimestamps|>; timestamps are the ids after it
+    max_initial_timestamp_index: int = 50   # long-form: the first timestamp is at most 1.0 s (as openai-whisper)
     name = "whisper"
     loss_types = ("attention",)
 
@@ -99,7 +106,9 @@ class WhisperTask(Task):
                    prompt=tuple(int(x) for x in tokenizer.sot_sequence_including_notimestamps),
                    eos_id=int(tokenizer.eot), max_decode_tokens=int(cfg.train.max_decode_tokens),
                    suppress_tokens=tuple(int(x) for x in (gen.get("suppress_tokens") or ())),
-                   begin_suppress_tokens=tuple(int(x) for x in (gen.get("begin_suppress_tokens") or ())))
+                   begin_suppress_tokens=tuple(int(x) for x in (gen.get("begin_suppress_tokens") or ())),
+                   no_timestamps_id=int(tokenizer.no_timestamps),
+                   max_initial_timestamp_index=int(gen.get("max_initial_timestamp_index") or 50))
 
     def init(self, key, batch):
         k1, k2 = jax.random.split(key)
@@ -132,11 +141,11 @@ class WhisperTask(Task):
 
     def greedy_decode(self, params, model_state, batch):
         feats = jnp.swapaxes(batch["features"], 1, 2)
-        b, n = batch["labels"].shape
+        b = feats.shape[0]
         p = len(self.prompt)
-        max_new = min(self.max_decode_tokens or n + 8, self.model.config.max_target_positions - p)
-        opts = DecodeOptions(max_new_tokens=max_new, eos_token_id=self.eos_id, pad_token_id=self.eos_id,
-                             suppress_tokens=self.suppress_tokens, begin_suppress_tokens=self.begin_suppress_tokens)
+        opts = DecodeOptions(max_new_tokens=self.max_new_tokens(p), eos_token_id=self.eos_id,
+                             pad_token_id=self.eos_id, suppress_tokens=self.suppress_tokens,
+                             begin_suppress_tokens=self.begin_suppress_tokens)
         enc = self.model.apply({"params": params}, feats, method="encode")
         prompt = jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p))
         seqs, _ = generate_from_encoder(self.model, params, enc, prompt, opts)
@@ -144,6 +153,52 @@ class WhisperTask(Task):
         is_eos = generated == self.eos_id
         lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), generated.shape[1])
         return generated.astype(jnp.int32), lengths.astype(jnp.int32)
+
+    def output_frames(self, samples, fc):
+        """The label tokens (text + <|endoftext|>) the decoder holds after the prompt, whatever the audio: a longer
+        transcript is dropped from training (data.drop_unfit) and scored without a loss in evaluation."""
+        return self.model.config.max_target_positions - len(self.prompt) + 1
+
+    def max_new_tokens(self, prompt_length: int) -> int:
+        """New tokens per window: the model's positions after the prompt, capped by max_decode_tokens if > 0."""
+        limit = self.model.config.max_target_positions - prompt_length
+        if limit < 1:
+            raise ValueError(f"whisper: a prompt of {prompt_length} tokens leaves no room in max_target_positions="
+                             f"{self.model.config.max_target_positions}")
+        return min(limit, self.max_decode_tokens) if self.max_decode_tokens > 0 else limit
+
+    @classmethod
+    def decode_feature_config(cls, cfg):
+        d = cfg.data    # whole files: the log-mel of all the audio, cut into 30 s windows by transcribe
+        return FeatureConfig(kind="whisper", sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
+                             normalize="none", whisper_pad_or_trim=False)
+
+    @property
+    def transcribes_whole_files(self):
+        return True
+
+    def generation_settings(self) -> GenerationSettings:
+        """The task's prompt and token rules as models.whisper_generate settings (language and task forced)."""
+        forced = tuple(enumerate(self.prompt[1:-1], 1)) if self.prompt[-1] == self.no_timestamps_id else ()
+        return GenerationSettings(decoder_start_token_id=self.prompt[0], eos_token_id=self.eos_id,
+                                  pad_token_id=self.eos_id, suppress_tokens=self.suppress_tokens,
+                                  begin_suppress_tokens=self.begin_suppress_tokens,
+                                  no_timestamps_token_id=self.no_timestamps_id,
+                                  max_initial_timestamp_index=self.max_initial_timestamp_index,
+                                  forced_decoder_ids=forced or None)
+
+    def transcribe(self, params, model_state, batch):
+        """Long-form greedy transcription of each row's whole log-mel ``features [B, T, n_mels]`` (valid frames
+        from ``feature_paddings``) by models.whisper_generate.transcribe_sequential: 30 s windows, the next one
+        starting at the last complete timestamp pair. Token ids per row, timestamp tokens included."""
+        feats = np.swapaxes(np.asarray(batch["features"], np.float32), 1, 2)
+        frames = np.sum(np.asarray(batch["feature_paddings"]) < 0.5, axis=1).astype(np.int64)
+        settings = self.generation_settings()
+        prompt_length = len(settings.init_tokens(return_timestamps=True))
+        out = transcribe_sequential(self.model, params, feats, settings, num_frames=frames,
+                                    max_new_tokens=self.max_new_tokens(prompt_length), return_timestamps=True,
+                                    batch_size=max(int(np.sum(frames > 0)), 1))   # the rows with audio
+        return [r["tokens"] for r in out]
 
     def load_pretrained(self, directory, key):
         """Every tensor of the checkpoint, mapped by name."""
