@@ -68,7 +68,7 @@ def _format(fsa, openfst, cols) -> str:
     final = ns - 1
     columns = [list(map(str, np.asarray(x).tolist())) for x in (fsa.src, fsa.dst, fsa.label)]
     columns += [list(map(str, np.asarray(fsa.attrs[k]).tolist())) for k in ints]
-    columns += [["[ " + "".join(f"{v} " for v in row) + "]" for row in fsa.attrs[k].tolist()] for k in raggeds]
+    columns += [_ragged_column(fsa.attrs[k]) for k in raggeds]
     columns.append([fmt_float(x) for x in score.tolist()])
     lines = list(map(" ".join, zip(*columns)))
     if openfst:
@@ -77,6 +77,12 @@ def _format(fsa, openfst, cols) -> str:
     else:
         lines.append(str(final))
     return "\n".join(lines) + "\n"
+
+
+def _ragged_column(r: Ragged) -> List[str]:
+    """k2's ``[ 1 2 ]`` / ``[ ]`` text of each row."""
+    flat, splits = list(map(str, r.flat_values.tolist())), r.row_splits.tolist()
+    return ["[ " + " ".join(flat[a:b]) + " ]" if b > a else "[ ]" for a, b in zip(splits[:-1], splits[1:])]
 
 
 def parse_text(s, num_aux_labels: int, aux_label_names: List[str], ragged_label_names=(),
@@ -89,8 +95,10 @@ def parse_text(s, num_aux_labels: int, aux_label_names: List[str], ragged_label_
         raise ValueError(f"ragged_label_names {rnames} has duplicates or repeats an aux label name")
     if not rnames:
         fast = _parse_fast(lines, num_aux_labels, aux_label_names, openfst)
-        if fast is not None:
-            return fast
+    else:
+        fast = None if openfst else _parse_fast_ragged(lines, num_aux_labels, aux_label_names, rnames)
+    if fast is not None:
+        return fast
     return _parse(lines, num_aux_labels, aux_label_names, openfst, rnames)
 
 
@@ -253,6 +261,73 @@ def _parse_fast(lines: List[str], naux: int, names: List[str], openfst: bool) ->
             or np.any((lab == -1) != (dst == final))):
         return None
     attrs = {nm: ints[:, 3 + j].astype(np.int32) for j, nm in enumerate(names)}
+    return dict(src=src.astype(np.int32), dst=dst.astype(np.int32), label=lab.astype(np.int32), score=score,
+                num_states=ns, attrs=attrs)
+
+
+def _parse_fast_ragged(lines: List[str], naux: int, names: List[str], rnames: List[str]) -> Optional[dict]:
+    """Vectorised parser of k2 text with ragged labels (over the bytes: brackets, token starts, which list each
+    token is in); None (the line parser then reports the problem) on anything unusual."""
+    lines = [ln for ln in lines if ln.strip()]
+    nrag = len(rnames)
+    if len(lines) < 2 or not _INT_RE.fullmatch(lines[-1].strip()):
+        return None
+    try:
+        b = np.frombuffer("\n".join(lines[:-1]).encode("ascii"), np.uint8)
+    except UnicodeEncodeError:
+        return None
+    L = len(lines) - 1
+    opening, closing, newline = b == ord("["), b == ord("]"), b == ord("\n")
+    cls = _BYTE_CLASS[b]
+    cls = np.where(opening | closing, 0, cls)
+    if np.any(cls == 3):
+        return None
+    depth = np.cumsum(opening.astype(np.int8) - closing)               # after each byte
+    if np.any((depth < 0) | (depth > 1)) or np.any(depth[newline] != 0) or (b.size and depth[-1] != 0):
+        return None
+    line = np.concatenate([[0], np.cumsum(newline)[:-1]]) if b.size else np.zeros(0, np.int64)
+    n_open = np.cumsum(opening)
+    line_open0 = np.concatenate([[0], n_open[np.nonzero(newline)[0]]])  # '[' before each line
+    if np.any(np.diff(np.append(line_open0, n_open[-1] if b.size else 0)) != nrag):
+        return None
+    tok = cls != 0
+    start = tok & ~np.concatenate([[False], tok[:-1]])
+    pos = np.nonzero(start)[0]
+    tline = line[pos]
+    group = n_open[pos] - line_open0[tline]                             # lists opened before the token
+    inside = depth[pos] == 1
+    head = ~inside & (group == 0)
+    tail = ~inside & (group == nrag)
+    if np.any(~inside & ~head & ~tail):
+        return None
+    if (np.any(np.bincount(tline[head], minlength=L) != 3 + naux)
+            or np.any(np.bincount(tline[tail], minlength=L) != 1)):
+        return None
+    token_id = np.cumsum(start) - 1
+    if np.any(~tail[token_id[cls == 2]]):                               # float characters only in scores
+        return None
+    text = np.where(opening | closing, ord(" "), b).astype(np.uint8).tobytes().decode("ascii")
+    try:
+        nums = _numbers(text, len(pos))
+        ints = _ints(nums[~tail]) if len(pos) else np.zeros(0, np.int64)
+        score = _scores(nums[tail])
+    except ValueError:
+        return None
+    is_int = np.nonzero(~tail)[0]
+    plain = ints[head[is_int]].reshape(L, 3 + naux)
+    ns = int(lines[-1]) + 1
+    src, dst, lab = plain[:, 0], plain[:, 1], plain[:, 2]
+    final = ns - 1
+    if (np.any(np.abs(ints) > _INT32.max) or ns > _INT32.max or np.any((src < 0) | (dst < 0) | (src > final)
+                                                                       | (dst > final)) or np.any(src == final)
+            or np.any((lab == -1) != (dst == final))):
+        return None
+    attrs = {nm: plain[:, 3 + j].astype(np.int32) for j, nm in enumerate(names)}
+    vals, vline, vgroup = ints[inside[is_int]], tline[inside], group[inside]
+    for j, nm in enumerate(rnames):
+        sel = vgroup == j + 1
+        splits = np.concatenate([[0], np.cumsum(np.bincount(vline[sel], minlength=L))])
+        attrs[nm] = Ragged.from_row_splits(splits, vals[sel].astype(np.int32))
     return dict(src=src.astype(np.int32), dst=dst.astype(np.int32), label=lab.astype(np.int32), score=score,
                 num_states=ns, attrs=attrs)
 

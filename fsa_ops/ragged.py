@@ -117,13 +117,14 @@ class Ragged:
         return v[m].astype(np.int32)
 
     def tolist(self) -> list:
-        v, n = np.asarray(self.values).tolist(), np.asarray(self.lengths).tolist()
-
-        def rows(vv, nn):
-            if isinstance(nn, list):
-                return [rows(a, b) for a, b in zip(vv, nn)]
-            return vv[:nn]
-        return rows(v, n)
+        """Nested Python lists (rows sliced from the flat values: O(total values), no per-value Python work)."""
+        flat, splits = self.flat_values.tolist(), self.row_splits.tolist()
+        rows = [flat[a:b] for a, b in zip(splits[:-1], splits[1:])]
+        shape = np.shape(self.lengths)
+        for k in range(len(shape) - 1, 0, -1):   # regroup the leading (batch) axes
+            d = shape[k]
+            rows = [rows[i * d:(i + 1) * d] for i in range(int(np.prod(shape[:k])))]
+        return rows
 
     def __getitem__(self, index) -> "Ragged":
         """Index the leading (row or batch) axes as numpy does; the value axis stays whole."""

@@ -517,3 +517,34 @@ def test_fsa_score_methods_match_fsa_ops_scores():
     # the one path weights: 0.5 + 1 + 0.125 vs -0.25 + 0.125 (tropical: the max)
     assert float(fsa.get_tot_scores(use_double_scores=False, log_semiring=False)) == 1.625
     np.testing.assert_allclose(float(fsa.get_tot_scores(False, True)), np.logaddexp(1.625, -0.125), rtol=1e-6)
+
+
+@SETTINGS
+@given(ragged_fsas(acyclic=False), st.sampled_from(["", "compact", "tabs"]))
+def test_fast_ragged_parser_agrees_with_line_parser(f, style):
+    from fsa_ops.fsa_text import _parse, _parse_fast_ragged, text_lines
+    text = to_str(f)
+    if style == "compact":
+        text = text.replace("[ ", "[").replace(" ]", "]")
+    elif style == "tabs":
+        text = text.replace(" ", "\t")
+    lines = text_lines(text)
+    fast = _parse_fast_ragged(lines, 1, ["other"], ["aux_labels"])
+    slow = _parse(lines, 1, ["other"], False, ["aux_labels"])
+    assert fast is not None
+    a, b = Fsa.from_arcs(**fast), Fsa.from_arcs(**slow)
+    assert to_str(a) == to_str(b) == to_str(f) and a.aux_labels == f.aux_labels
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("0 1 1 [2 3 0.5\n1\n", "line 1: ragged label 1 is not closed"),
+    ("0 1 1 2 3] 0.5\n1\n", "line 1: expected '\\[' opening"),
+    ("0 1 1 [2] [3] 0.5\n1\n", "line 1: more bracketed lists"),
+    ("0 1 1 [2.5] 0.5\n1\n", "line 1: non-numeric field '2.5'"),
+    ("0 1 -1 [] 0.5\n1 2 -1 [1] x\n2\n", "line 2: non-numeric field 'x'"),
+    ("0 1 [1] -1 0.5\n1\n", "line 1: expected 3 plain fields"),
+    ("0 1 -1 [] 0.5 7\n1\n", "line 1: expected 4 fields"),
+])
+def test_ragged_text_errors_name_the_line(text, problem):
+    with pytest.raises(ValueError, match=problem):
+        Fsa.from_str(text, ragged_label_names=["r"])
