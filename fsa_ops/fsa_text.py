@@ -277,25 +277,26 @@ def _parse_fast_ragged(lines: List[str], naux: int, names: List[str], rnames: Li
     except UnicodeEncodeError:
         return None
     L = len(lines) - 1
-    opening, closing, newline = b == ord("["), b == ord("]"), b == ord("\n")
     cls = _BYTE_CLASS[b]
-    cls = np.where(opening | closing, 0, cls)
-    if np.any(cls == 3):
+    opening, closing, newline = np.flatnonzero(b == ord("[")), np.flatnonzero(b == ord("]")), np.flatnonzero(cls == 0)
+    newline = newline[b[newline] == ord("\n")]
+    cls[opening], cls[closing] = 0, 0
+    if np.any(cls == 3) or len(opening) != L * nrag or len(closing) != L * nrag:
         return None
-    depth = np.cumsum(opening.astype(np.int8) - closing)               # after each byte
-    if np.any((depth < 0) | (depth > 1)) or np.any(depth[newline] != 0) or (b.size and depth[-1] != 0):
-        return None
-    line = np.concatenate([[0], np.cumsum(newline)[:-1]]) if b.size else np.zeros(0, np.int64)
-    n_open = np.cumsum(opening)
-    line_open0 = np.concatenate([[0], n_open[np.nonzero(newline)[0]]])  # '[' before each line
-    if np.any(np.diff(np.append(line_open0, n_open[-1] if b.size else 0)) != nrag):
+    # brackets alternate [ ] [ ] ..., each pair on one line, nrag pairs per line
+    o_line, c_line = np.searchsorted(newline, opening), np.searchsorted(newline, closing)
+    if (np.any(opening >= closing) or np.any(closing[:-1] >= opening[1:]) or np.any(o_line != c_line)
+            or np.any(np.bincount(o_line, minlength=L) != nrag)):
         return None
     tok = cls != 0
-    start = tok & ~np.concatenate([[False], tok[:-1]])
-    pos = np.nonzero(start)[0]
-    tline = line[pos]
-    group = n_open[pos] - line_open0[tline]                             # lists opened before the token
-    inside = depth[pos] == 1
+    start = tok.copy()
+    start[1:] &= ~tok[:-1]
+    pos = np.flatnonzero(start)
+    del tok, start
+    tline = np.searchsorted(newline, pos)
+    n_open = np.searchsorted(opening, pos)
+    group = n_open - tline * nrag                                       # lists opened before the token
+    inside = n_open - np.searchsorted(closing, pos) == 1
     head = ~inside & (group == 0)
     tail = ~inside & (group == nrag)
     if np.any(~inside & ~head & ~tail):
@@ -303,10 +304,12 @@ def _parse_fast_ragged(lines: List[str], naux: int, names: List[str], rnames: Li
     if (np.any(np.bincount(tline[head], minlength=L) != 3 + naux)
             or np.any(np.bincount(tline[tail], minlength=L) != 1)):
         return None
-    token_id = np.cumsum(start) - 1
-    if np.any(~tail[token_id[cls == 2]]):                               # float characters only in scores
+    token_of_float_char = np.searchsorted(pos, np.flatnonzero(cls == 2), "right") - 1
+    if np.any(~tail[token_of_float_char]):                              # float characters only in scores
         return None
-    text = np.where(opening | closing, ord(" "), b).astype(np.uint8).tobytes().decode("ascii")
+    b = b.copy()
+    b[opening], b[closing] = ord(" "), ord(" ")
+    text = b.tobytes().decode("ascii")
     try:
         nums = _numbers(text, len(pos))
         ints = _ints(nums[~tail]) if len(pos) else np.zeros(0, np.int64)
