@@ -1,11 +1,15 @@
 """Benchmark the host-side structure ops.
 
-1. arc_sort / connect / top_sort (+ invert, to_str) on a random acyclic 10^6-arc graph with shuffled state ids.
+1. On a random acyclic 10^6-arc graph with shuffled state ids and a ragged aux_labels (0-3 words per arc, k2's
+   RaggedTensor attribute): arc_sort, connect, top_sort, expand_ragged_attributes, invert (which expands the ragged
+   aux_labels first), to_str / Fsa.from_str with the ragged column, and batching (create_fsa_vec, fsavec[i],
+   index_fsa, cat).
 2. compose(L, G) of a lexicon transducer (phones -> words) with a bigram word acceptor (~10^5 arcs out),
    then connect, remove_epsilon and determinize (tropical and log) of its phone-level acceptor.
 Writes bench/results/fsa_structure.md.   Usage: python bench/fsa_structure.py [--arcs N] [--words W]
 """
 import argparse
+import datetime
 import os
 import platform
 import sys
@@ -16,8 +20,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fsa_ops.connect import connect  # noqa: E402
 from fsa_ops.determinize import determinize  # noqa: E402
-from fsa_ops.fsa import Fsa, to_str  # noqa: E402
+from fsa_ops.expand import expand_ragged_attributes  # noqa: E402
+from fsa_ops.fsa import Fsa, create_fsa_vec, to_str  # noqa: E402
+from fsa_ops.fsa_vec import cat, index_fsa  # noqa: E402
 from fsa_ops.intersect import compose  # noqa: E402
+from fsa_ops.ragged import Ragged  # noqa: E402
 from fsa_ops.remove_epsilon import remove_epsilon  # noqa: E402
 from fsa_ops.sort import arc_sort, top_sort  # noqa: E402
 from fsa_ops.unary import invert, project  # noqa: E402
@@ -27,7 +34,7 @@ def timed(rows, name, fn, *args, **kw):
     t = time.perf_counter()
     out = fn(*args, **kw)
     dt = time.perf_counter() - t
-    n_out = len(out.label) if hasattr(out, "label") else len(out)
+    n_out = out.label.shape[-1] if hasattr(out, "label") else len(out)
     rows.append((name, dt, n_out))
     print(f"{name:55s} {dt:8.3f} s   -> {n_out} arcs", flush=True)
     return out
@@ -97,12 +104,23 @@ def main():
     t = time.perf_counter()
     f = random_graph(args.arcs, rng)
     print(f"built random graph: {len(f.label)} arcs, {int(f.num_states)} states in {time.perf_counter()-t:.2f}s")
-    timed(rows, f"arc_sort ({len(f.label)} arcs)", arc_sort, f)
-    timed(rows, f"connect ({len(f.label)} arcs)", connect, f)
-    timed(rows, f"top_sort ({len(f.label)} arcs)", top_sort, f)
-    timed(rows, f"invert ({len(f.label)} arcs)", invert, f)
-    text = timed(rows, f"to_str ({len(f.label)} arcs; output = characters)", to_str, f)
-    timed(rows, f"Fsa.from_str ({len(f.label)} arcs, transducer)", Fsa.from_str, text, acceptor=False)
+    n = len(f.label)
+    words = rng.integers(0, 4, n)
+    splits = np.concatenate([[0], np.cumsum(words)])
+    f = f.replace(aux_labels=Ragged.from_row_splits(splits, rng.integers(1, 1000, splits[-1])))
+    tag = f"{n} arcs, ragged aux_labels with {splits[-1]} words"
+    timed(rows, f"arc_sort ({tag})", arc_sort, f)
+    timed(rows, f"connect ({tag})", connect, f)
+    timed(rows, f"top_sort ({tag})", top_sort, f)
+    timed(rows, f"expand_ragged_attributes ({tag})", expand_ragged_attributes, f)
+    timed(rows, f"invert ({tag}: expands first)", invert, f)
+    text = timed(rows, f"to_str ({tag}; output = characters)", to_str, f)
+    g = timed(rows, f"Fsa.from_str ({tag})", Fsa.from_str, text, ragged_label_names=["aux_labels"])
+    assert g.aux_labels == f.aux_labels
+    vec = timed(rows, f"create_fsa_vec([f, f]) ({2 * n} arcs; output = arcs per FSA)", create_fsa_vec, [f, f])
+    timed(rows, "fsavec[1] (trimmed host copy of one FSA)", vec.__getitem__, 1)
+    timed(rows, "index_fsa(fsavec, [1, 0, 1]) (output = arcs per FSA)", index_fsa, vec, np.array([1, 0, 1]))
+    timed(rows, "cat([fsavec, fsavec]) (output = arcs per FSA)", cat, [vec, vec])
     L = lexicon(args.words, 40, rng)
     G = bigram(args.words, args.fanout, rng)
     print(f"L: {len(L.label)} arcs, G: {len(G.label)} arcs")
@@ -116,9 +134,11 @@ def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fsa_structure.md")
     with open(out, "w") as fh:
         fh.write("# fsa_ops host-side structure ops\n\n")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         fh.write(f"`python bench/fsa_structure.py --arcs {args.arcs} --words {args.words} --fanout {args.fanout}`"
-                 f" on {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-                 f"(shared with other jobs when measured), numpy {np.__version__}.\n\n")
+                 f" on {datetime.date.today().isoformat()}, {platform.processor() or platform.machine()}, "
+                 f"{os.cpu_count()} cores, load average {load} when measured (shared with other jobs: "
+                 f"timings are upper bounds), numpy {np.__version__}. One run each (wall clock).\n\n")
         fh.write("| op | seconds | output arcs |\n|---|---:|---:|\n")
         for name, dt, n in rows:
             fh.write(f"| {name} | {dt:.3f} | {n} |\n")
