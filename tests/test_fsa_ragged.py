@@ -548,3 +548,24 @@ def test_fast_ragged_parser_agrees_with_line_parser(f, style):
 def test_ragged_text_errors_name_the_line(text, problem):
     with pytest.raises(ValueError, match=problem):
         Fsa.from_str(text, ragged_label_names=["r"])
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(ragged_fsas(), min_size=1, max_size=3))
+def test_batch_ops_carry_ragged_rows_per_fsa(fs):
+    vec = create_fsa_vec(fs)
+    jitted = jax.jit(lambda v: v)(vec.to_jax())
+    assert jitted.aux_labels == vec.aux_labels and isinstance(jitted.aux_labels.values, jax.Array)
+    for op in (arc_sort, top_sort, connect):
+        out = op(vec)
+        check_fsa(out)
+        for b, f in enumerate(fs):
+            assert _same(_language(out[b]), _language(f))
+    for op, swap in ((expand_ragged_attributes, False), (invert, True)):
+        out, amap = op(vec, ret_arc_map=True)
+        check_fsa(out)
+        for b, f in enumerate(fs):
+            single, single_map = op(f, ret_arc_map=True)
+            assert to_str(out[b]) == to_str(single) and _same(_language(out[b], swap=swap), _language(f))
+            assert amap[b, :len(single_map)].tolist() == single_map.tolist()
+            assert not (amap[b, len(single_map):] + 1).any()
