@@ -118,9 +118,9 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     # a beam prefix whose parent is in the beam also grows out of it this frame: merge
     match = (alive[:, None] & alive[None, :] & jnp.all(s.ph[:, None] == s.h[None, :], -1)
              & (s.length[:, None] == s.length[None, :] + 1))                       # [k', k]
-    par = jnp.argmax(match, axis=1)
+    par, has_par = jnp.argmax(match, axis=1), match.any(1)
     into = jnp.where(s.last == s.last[par], s.pb[par], ab[par]) + lp_last
-    st_pnb = jnp.logaddexp(st_pnb, jnp.where(match.any(1), into, _NEG))
+    st_pnb = jnp.logaddexp(st_pnb, jnp.where(has_par, into, _NEG))
     st_total = jnp.logaddexp(st_pb, st_pnb) + s.fus
     # grow: candidate tokens of this frame
     lp_nb = lp.at[o.blank_id].set(_NEG)
@@ -131,7 +131,9 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     c_ok = (c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp))
     C = c_tok.shape[0]
     e_pnb = jnp.where(c_tok[None] == s.last[:, None], s.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
-    dup = (match[:, :, None] & (s.last[:, None, None] == c_tok[None, None, :])).any(0)             # [K, C]
+    # (k, c) is already in the beam as k' when k' = k + c: drop it (its mass went into k' above)
+    eq = ((s.last[:, None] == c_tok[None, :]) & has_par[:, None]).astype(jnp.int32)                  # [k', C]
+    dup = jnp.zeros((K, C), jnp.int32).at[par].max(eq) > 0                                           # [K, C]
     e_ok = alive[:, None] & c_ok[None] & ~dup & (c_lp[None] > _NEG)
     tok = jnp.broadcast_to(c_tok[None], (K, C))
     zero = jnp.zeros((K, C), jnp.float32)
