@@ -41,10 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fsa_ops.dense import DenseFsaVec, bad_segments
+from fsa_ops.dense import DenseFsaVec, bad_segments, broadcast_attrs
 from fsa_ops.fsa import Fsa
-from fsa_ops.pruned import (PrunedConfig, broadcast_attrs, final_frame_arcs, pruned_frame_step, pruned_lattice,
-                            pruned_tables)
+from fsa_ops.pruned import PrunedConfig, final_frame_arcs, pruned_frame_step, pruned_lattice, pruned_tables
 from fsa_ops.scores import NEG_INF, bucket, fsa_arrays, is_traced, max_degree, score_dtype, valid_arcs
 
 __all__ = ["OnlineDenseIntersecter", "DecodeStateInfo"]
@@ -85,8 +84,11 @@ def _fresh_state(cfg: PrunedConfig, cap: int) -> DecodeStateInfo:
         bad=jnp.zeros((), bool))
 
 
-def _grow(state: DecodeStateInfo, cap: int) -> DecodeStateInfo:
-    """The same state with frame capacity `cap` (rows appended)."""
+def _grow(state: DecodeStateInfo, cap: int, dtype) -> DecodeStateInfo:
+    """The same state as jax arrays of the search's dtypes, with frame capacity `cap` (rows appended)."""
+    types = dict(states=jnp.int32, scores=dtype, num_frames=jnp.int32, frame_scores=dtype, arc_scores=dtype,
+                 dest_slots=jnp.int32, arc_map=jnp.int32, bad=bool)
+    state = DecodeStateInfo(**{k: jnp.asarray(getattr(state, k), t) for k, t in types.items()})
     extra = cap - state.frame_scores.shape[0]
     if extra == 0:
         return state
@@ -239,7 +241,8 @@ class OnlineDenseIntersecter:
         done = np.array([0 if s.states is None else int(s.num_frames) for s in states], np.int64)
         cap = max([bucket(int((done + dur).max())), MIN_CAPACITY]
                   + [s.frame_scores.shape[0] for s in states if s.states is not None])
-        states = tuple(_fresh_state(self._cfg, cap) if s.states is None else _grow(s, cap) for s in states)
+        states = tuple(_fresh_state(self._cfg, cap) if s.states is None else _grow(s, cap, self._cfg.dtype)
+                       for s in states)
         out, new = _online_core(self._cfg, self.allow_partial, self._graph, self._attrs, states, dense_fsas.scores,
                                 jnp.asarray(dense_fsas.duration, jnp.int32))
         (src, dst, label, score), attrs, _, ns, na = out

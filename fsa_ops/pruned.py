@@ -35,13 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fsa_ops.dense import DenseFsaVec, bad_segments, prepare_dense
+from fsa_ops.dense import DenseFsaVec, bad_segments, broadcast_attrs, prepare_dense
 from fsa_ops.dense_arcs import arc_layout
 from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
 __all__ = ["intersect_dense_pruned", "PrunedConfig", "pruned_frame_step", "pruned_tables", "pruned_lattice",
-           "broadcast_attrs", "final_frame_arcs"]
+           "final_frame_arcs"]
 
 
 class PrunedConfig(NamedTuple):
@@ -212,14 +212,6 @@ def pruned_lattice(cfg: PrunedConfig, records, dur, nonempty, bad, attrs):
     num_states = jnp.where(nonempty, (dur + 1) * K + 1, 0).astype(jnp.int32)
     num_arcs = ((dur + 1) * K * Ko).astype(jnp.int32)
     return lat, out_attrs, frame, num_states, num_arcs
-
-
-def broadcast_attrs(attrs, is_batch: bool, B: int):
-    """A graph's per-arc attributes (arrays or Ragged) as jnp [B, A, ...]: one graph's broadcast to B."""
-    def one(x):
-        x = jnp.asarray(x) if is_batch else jnp.asarray(x)[None]
-        return x if x.shape[0] == B else jnp.broadcast_to(x, (B,) + x.shape[1:])
-    return {k: jax.tree_util.tree_map(one, v) for k, v in attrs.items()}
 
 
 def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, output_beam: float,

@@ -70,10 +70,10 @@ def test_k2_online_dense_intersecter():
         np.testing.assert_array_equal(best[n].aux_labels[:-1], np.where(am != np.r_[0, am[:-1]], am, 0))
         assert abs(float(np.sum(best[n].score)) - float(logits[n].max(-1).sum())) < 1e-4
 
-    # states are values: decoding again from the states after chunk 2 gives the same lattice; a NaN log-prob
-    # in stream 1 makes all of its arcs NaN and leaves stream 0 alone
+    # states are values: decoding again from the states after chunk 2 (copied to numpy, as if saved) gives the
+    # same lattice; a NaN log-prob in stream 1 makes all of its arcs NaN and leaves stream 0 alone
     states2 = history[1][1]
-    again, _ = it.decode(_chunk(logits[:, 10:15], [5, 5]), states2)
+    again, _ = it.decode(_chunk(logits[:, 10:15], [5, 5]), [jax.tree.map(np.asarray, s) for s in states2])
     np.testing.assert_array_equal(np.asarray(again.score), np.asarray(history[2][0].score))
     bad = logits[:, 10:15].copy()
     bad[1, 2, 3] = np.nan
@@ -143,9 +143,7 @@ def test_streams_joining_at_different_times_match_intersect_dense_pruned():
         words = lat.attrs["words"]
         assert words[n].tolist()[:m] == _words(np.asarray(lat.aux_labels)[n, :m])     # Ragged rows follow the arcs
         assert words[n].tolist()[:m] == ref.attrs["words"][j].tolist()[:m]
-    plain = Fsa(graph.src, graph.dst, graph.label, graph.score, graph.num_states, graph.num_arcs,
-                {"aux_labels": graph.aux_labels}, max_states=graph.max_states)
-    full = intersect_dense(plain, DenseFsaVec(jnp.asarray(lp), segs), output_beam=math.inf)
+    full = intersect_dense(graph, DenseFsaVec(jnp.asarray(lp), segs), output_beam=math.inf)
     n_pruned = np.isfinite(np.asarray(ref.score)).sum()
     assert 0 < n_pruned < np.isfinite(np.asarray(full.score)).sum()
     assert np.isfinite(np.asarray(get_tot_scores(ref, use_double_scores=False, log_semiring=False))).any()
