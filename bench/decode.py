@@ -17,8 +17,8 @@ competes), 40 ms frames, T ~ 200-500.
 Scores: every decoder's best hypothesis is re-scored with one objective, acoustic (exact CTC log-likelihood of the
 text, float64 forward algorithm) + alpha * ln P_LM(text, with <s> and </s>, kenlm) + beta * words + OOV offset
 (pyctcdecode's: alpha * unk_score_offset * ln 10 per out-of-vocabulary word), so the higher objective is the
-better search result. jasr fuses the same ARPA through a dense trigram table (exact backoff, checked against kenlm
-here) at word level with the ARPA's unigrams as its lexicon (not constrained).
+better search result. jasr reads the same ARPA with jasr.ngram.read_arpa (NgramLM, checked against kenlm here) and
+fuses it at word level with the ARPA's unigrams as its lexicon (not constrained).
 """
 from __future__ import annotations
 
@@ -132,37 +132,6 @@ def read_arpa(path):
     return grams
 
 
-def dense_lm_tables(arpa_path):
-    """The ARPA as a deterministic automaton: states = n-grams of order < 3 (the longest known suffix of the
-    history), tables next[S, W], logp[S, W] (ln), end[S] (ln P(</s>)). Word ids: the vocabulary order."""
-    grams = read_arpa(arpa_path)
-    vocab = sorted(w for (w,) in (g for g in grams if len(g) == 1) if w not in ("<s>", "</s>"))
-    states = sorted((g for g in grams if len(g) < ORDER and g[-1] != "</s>"), key=lambda g: (len(g), g))
-    index = {g: i for i, g in enumerate(states)}
-
-    def lp10(h, w):
-        if h + (w,) in grams:
-            return grams[h + (w,)][0]
-        if not h:
-            return grams[("<unk>",)][0]
-        return grams.get(h, (0.0, 0.0))[1] + lp10(h[1:], w)
-
-    def state_of(hist):
-        hist = hist[-(ORDER - 1):]
-        while hist and hist not in index:
-            hist = hist[1:]
-        return index[hist] if hist else index[("<unk>",)]
-
-    S, W = len(states), len(vocab)
-    nxt, logp, end = np.zeros((S, W), np.int32), np.zeros((S, W), np.float32), np.zeros(S, np.float32)
-    for s, h in enumerate(states):
-        for j, w in enumerate(vocab):
-            logp[s, j] = lp10(h, w) * LN10
-            nxt[s, j] = state_of(h + (w,))
-        end[s] = lp10(h, "</s>") * LN10
-    return vocab, index[("<s>",)], nxt, logp, end
-
-
 def synth_logprobs(texts, rng):
     """Peaky character-CTC log-probs for each text: [B, T, V] float32 (padded with blank frames) and lengths."""
     V = len(CHARS) + 1
@@ -264,31 +233,14 @@ def run_jasr(lp, lengths, arpa, args):
     """jasr's side: (seconds per batch call [reps], compile s, {name: texts}, dense-LM scores of texts)."""
     import jax   # noqa: E402 imported here so that the worker in the bench venv never needs jax
     import jax.numpy as jnp
-    from typing import NamedTuple
     from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists
     from jasr.lexicon import make_lexicon
+    from jasr.ngram import read_arpa as jasr_read_arpa
 
-    class DenseNgramLM(NamedTuple):
-        nxt: jax.Array
-        logp: jax.Array
-        end: jax.Array
-        start: jax.Array
-
-        def start_state(self):
-            return self.start
-
-        def advance(self, states, ids):
-            return self.nxt[states, ids], self.logp[states, ids]
-
-        def final(self, states):
-            return self.end[states]
-
-    vocab, start, nxt, logp, end = dense_lm_tables(arpa)
-    lm = DenseNgramLM(jnp.asarray(nxt), jnp.asarray(logp), jnp.asarray(end), jnp.int32(start))
-    ids = {w: i for i, w in enumerate(vocab)}
-    words = [w for w in vocab if w != "<unk>"]
+    lm = jasr_read_arpa(arpa)
+    words = [w for w in lm.vocab.words if w not in ("<s>", "</s>", "<unk>")]
     lex = make_lexicon([[CHARS.index(c) + 1 for c in w] for w in words], len(CHARS) + 1,
-                       word_ids=[ids[w] for w in words], boundary_ids=[1], unk_id=ids["<unk>"])
+                       word_ids=lm.ids(words).tolist(), boundary_ids=[1], unk_id=lm.unk_id)
     pad = (np.arange(lp.shape[1])[None] >= lengths[:, None]).astype(np.float32)
     lpj, padj = jnp.asarray(lp), jnp.asarray(pad)
     oov = args.alpha * args.unk_offset * LN10
@@ -312,13 +264,7 @@ def run_jasr(lp, lengths, arpa, args):
                                      "texts": [" ".join(t.split()) for t in raw],
                                      "scores": np.asarray(res.scores[:, 0]).tolist()}
 
-    def dense_score(text):
-        s, total = start, 0.0
-        for w in text.split():
-            j = ids.get(w, ids["<unk>"])
-            total, s = total + logp[s, j], nxt[s, j]
-        return float(total + end[s])
-    out["dense_lm"] = {t: dense_score(t) for v in list(out.values()) for t in v["texts"]}
+    out["jasr_lm"] = {t: lm.score_sentence(t) for k, v in list(out.items()) for t in v["texts"]}
     return out, jax.__version__
 
 
@@ -358,7 +304,7 @@ def main():
         data, texts, result = (os.path.join(tmp, n) for n in ("data.npz", "texts.json", "result.json"))
         np.savez(data, lp=lp, lengths=lengths)
         with open(texts, "w") as f:
-            json.dump(sorted({t for k, v in jasr_out.items() if k != "dense_lm" for t in v["texts"]} | set(test)), f)
+            json.dump(sorted({t for k, v in jasr_out.items() if k != "jasr_lm" for t in v["texts"]} | set(test)), f)
         subprocess.run([os.path.join(args.venv, "bin", "python"), os.path.abspath(__file__), "--worker", "--data",
                         data, "--arpa", arpa, "--texts", texts, "--result", result, "--beam", str(args.beam),
                         "--alpha", str(args.alpha), "--beta", str(args.beta), "--unk-offset", str(args.unk_offset),
@@ -370,9 +316,9 @@ def main():
                                       "m.version('kenlm'))"], capture_output=True, text=True).stdout.split()
     load_after = os.getloadavg()
     kenlm_scores = py_out["kenlm"]
-    lm_diff = max(abs(jasr_out["dense_lm"][t] - kenlm_scores[t][0]) for t in jasr_out["dense_lm"])
+    lm_diff = max(abs(jasr_out["jasr_lm"][t] - kenlm_scores[t][0]) for t in jasr_out["jasr_lm"] if t)
     rows = []
-    for key in (k for k in jasr_out if k != "dense_lm"):
+    for key in (k for k in jasr_out if k != "jasr_lm"):
         name, topk = key.split("/")
         alpha, beta = (args.alpha, args.beta) if name == "lm" else (0.0, 0.0)
         oov = args.alpha * args.unk_offset * LN10 if name == "lm" else 0.0
@@ -429,7 +375,7 @@ def write_report(args, rows, lengths, shape, load_before, load_after, lm_diff, j
               "better / equal / worse counts utterances (tolerance 1e-3). `jasr score vs re-score`: max |jasr's "
               "own total - objective of its raw token sequence|; jasr's total sums the alignments that stayed in "
               "the beam, so it lies below the exact sum by those pruned (it converges with a wider beam). "
-              f"jasr's dense trigram table vs kenlm on every scored text: "
+              f"jasr.ngram.NgramLM (read_arpa) vs kenlm on every text jasr output: "
               f"max |diff| {lm_diff:.1e} (ln). WER against the sentences the logits were drawn from."]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists, word_timestamps
 from jasr.decoding import ctc_greedy_ids
 from jasr.lexicon import lexicon_child, lexicon_from_tokenizer, make_hotwords, make_lexicon
+from jasr.ngram import read_arpa
 from jasr.tokenizers import CharTokenizer
 
 T_BF, V_BF = 5, 4            # brute force: blank, "a" (1), "b" (2), " " (3)
@@ -139,6 +140,63 @@ def test_wide_beam_word_lm_and_lexicon_equal_brute_force(seed, scale, constraine
             got = nbest_lists(res)[b]
             assert len(got) == n
             assert all(w in WORDS for seq, _ in got for w in split_words(seq))
+
+
+# word pieces (SentencePiece style): 1 = "▁a" and 3 = "▁b" begin a word, 2 = "b" continues one; no boundary token
+PIECE_WORDS = {"a": (1,), "ab": (1, 2), "bb": (3, 2)}
+PIECE_ARPA = """\\data\\
+ngram 1=6
+ngram 2=5
+
+\\1-grams:
+-1.5\t<unk>\t-0.3
+-99\t<s>\t-0.3
+-0.8\t</s>
+-0.5\ta\t-0.2
+-0.9\tab\t-0.1
+-1.2\tbb\t-0.4
+
+\\2-grams:
+-0.2\t<s> a
+-0.4\ta ab
+-0.3\tab </s>
+-0.6\tbb a
+-0.7\t<unk> bb
+
+\\end\\
+"""
+
+
+def split_pieces(seq):
+    words = []
+    for t in seq:
+        if t in (1, 3) or not words:
+            words.append([t])
+        else:
+            words[-1].append(t)
+    return [tuple(w) for w in words]
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), scale=st.sampled_from([0.5, 2.0, 5.0]))
+def test_wide_beam_ngram_lm_over_word_pieces_equals_brute_force(seed, scale):
+    """jasr.ngram.NgramLM (read from ARPA text) fused at word level with word-start pieces instead of a space."""
+    rng, lp, pad, n_frames = draw_inputs(seed, scale)
+    lm = read_arpa(PIECE_ARPA)
+    names = list(PIECE_WORDS)
+    lex = make_lexicon([PIECE_WORDS[w] for w in names], V_BF, word_ids=lm.ids(names).tolist(),
+                       word_start_ids=[1, 3], unk_id=lm.unk_id)
+    alpha, beta, oov = 0.9, 0.4, -2.0
+    res = ctc_prefix_beam_search(lp, pad, WIDE, nbest=6, lm=lm, lm_weight=alpha, lm_level="word", word_bonus=beta,
+                                 lexicon=lex, oov_penalty=oov)
+    by_spelling = {v: k for k, v in PIECE_WORDS.items()}
+    for b in range(2):
+        ref = {}
+        for seq, a in brute_force(lp[b], n_frames[b]).items():
+            words = [by_spelling.get(w, "<unk>") for w in split_pieces(seq)]
+            ref[seq] = (a + alpha * lm.score_sentence(words) + beta * len(words)
+                        + oov * sum(w == "<unk>" for w in words))
+        check_nbest(res, b, ref, 6)
 
 
 def peaky(rng, B, T, V, blank_frac=0.6, peak=8.0):
