@@ -43,7 +43,9 @@ class Fsa:
     """One FSA (arrays [A]) or a padded batch of FSAs (arrays [B, A]); see the module docstring.
 
     The constructor does not validate (it must work under jit); host constructors (`from_arcs`, `from_str`,
-    `create_fsa_vec`) do, and `check_fsa` validates explicitly.
+    `create_fsa_vec`) do, and `check_fsa` validates explicitly. As in k2, attributes are read and set by name
+    (`fsa.aux_labels2`, `fsa.foo = Ragged(...)`, `del fsa.foo`; shapes checked) and `fsa.labels = ...` applies
+    k2's fix_final_labels; these setters change the object in place (host-side use, not under jit).
     """
 
     __slots__ = ("src", "dst", "label", "score", "num_states", "num_arcs", "attrs", "max_states", "_props")
@@ -262,7 +264,7 @@ class Fsa:
     def properties(self) -> int:
         """k2's property bit mask (see fsa_ops.properties); single FSA: its own, batch: AND over FSAs."""
         if self._props is None:
-            from fsa_ops.properties import get_properties  # noqa: lazy import, properties builds on this file
+            from fsa_ops.properties import get_properties  # lazy: properties builds on this file
             self._props = get_properties(self)
         return self._props
 
