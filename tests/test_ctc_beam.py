@@ -276,6 +276,41 @@ def test_hotword_boost_lifts_the_second_best():
     assert got[(1,)] == pytest.approx(acoustic[(1,)], abs=1e-5)             # unfinished at the end: removed
 
 
+def hotword_bonus(seq, hotwords, boost):
+    """Reference context bonus: the current match is the longest suffix of the tokens since the last completed
+    hotword that is a prefix of a hotword; it holds boost * its length; a completed hotword banks its bonus."""
+    prefixes = {tuple(h[:i]) for h in hotwords for i in range(len(h) + 1)}
+    banked, match = 0.0, ()
+    for t in seq:
+        cand = match + (t,)
+        match = next(cand[i:] for i in range(len(cand) + 1) if cand[i:] in prefixes)
+        if match in {tuple(h) for h in hotwords}:
+            banked, match = banked + boost * len(match), ()
+    return banked
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), scale=st.sampled_from([0.5, 2.0]))
+def test_wide_beam_hotwords_equal_brute_force(seed, scale):
+    rng, lp, pad, n_frames = draw_inputs(seed, scale)
+    hotwords, boost = [(1, 2, 1), (2, 2), (1, 1, 2)], 0.8
+    res = ctc_prefix_beam_search(lp, pad, WIDE, nbest=6, hotwords=make_hotwords(hotwords, V_BF, boost))
+    for b in range(2):
+        ref = {s: a + hotword_bonus(s, hotwords, boost) for s, a in brute_force(lp[b], n_frames[b]).items()}
+        check_nbest(res, b, ref, 6)
+
+
+def test_beam_one_is_not_greedy_on_flat_frames():
+    """Why beam 1 equals greedy only on peaky frames: it keeps the prefix with the most probability summed over
+    alignments, and "a" (stay: blank or "a" again) can outweigh "aa" although the best single path reads "aa"."""
+    p = np.array([[0.05, 0.6, 0.35], [0.51, 0.49, 0.0], [0.2, 0.6, 0.2]], np.float32)
+    lp = jnp.log(jnp.clip(jnp.asarray(p), 1e-9))[None]
+    pad = np.zeros((1, 3), np.float32)
+    assert ctc_greedy_ids(lp, pad) == [[1, 1]]
+    assert nbest_lists(ctc_prefix_beam_search(lp, pad, 1))[0][0][0] == [1]
+    assert nbest_lists(ctc_prefix_beam_search(lp, pad, 8))[0][0][0] == [1]   # also the most probable labelling
+
+
 def test_token_pruning_keeps_the_best_on_peaky_logits():
     rng = np.random.default_rng(3)
     lp = peaky(rng, 3, 30, 6)
