@@ -1,4 +1,4 @@
-"""The pure core of training: :class:`TrainState`, its creation, and the jitted train and eval steps.
+"""The pure core of training: :class:`TrainState`, its creation, and the jitted train, eval and decode steps.
 
 ``train_step(state, batch, key, *, task, tx) -> (state, metrics)`` is a pure function of pytrees (jit it with
 static `task` and `tx`):
@@ -98,3 +98,14 @@ def eval_step(state: TrainState, batch: dict, *, task: Task) -> dict:
     if hyps is not None:
         out["ids"], out["lengths"] = hyps
     return out
+
+
+AUDIO_KEYS = ("features", "feature_paddings", "audio", "audio_paddings")
+
+
+def decode_step(state: TrainState, batch: dict, *, task: Task) -> dict:
+    """The task's greedy hypotheses (ids [B, L], lengths [B]; {} without a decoder) from the audio keys of `batch`
+    only (AUDIO_KEYS): no label reaches the decoder, and one program serves each audio bucket, with or without
+    transcripts."""
+    hyps = task.greedy_decode(state.params, state.model_state, {k: batch[k] for k in AUDIO_KEYS if k in batch})
+    return {} if hyps is None else {"ids": hyps[0], "lengths": hyps[1]}

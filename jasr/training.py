@@ -32,7 +32,7 @@ from jasr.optim import make_optimizer_from_config
 from jasr.run_data import (RunData, check_bad_fraction, device_inputs, dummy_batch, feature_config,
                            make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
                            resolve, unencodable_summary)
-from jasr.steps import TrainState, create_train_state, eval_step, step_key, train_step
+from jasr.steps import AUDIO_KEYS, TrainState, create_train_state, decode_step, eval_step, step_key, train_step
 from jasr.tasks import Task, build_task, family
 from jasr.tokenizers import load_tokenizer
 
@@ -333,14 +333,15 @@ def eval_function(task: Task) -> Callable:
 
 
 def decode_function(task: Task) -> Callable:
-    """(state, batch) -> {"ids" [B, L], "lengths" [B]} for decoding whole files: the task's host-side long-form
-    ``transcribe`` where it has one (batches from ``make_eval_loader(..., whole_files=True)``), else the jitted
-    eval step."""
+    """(state, batch) -> {"ids" [B, L], "lengths" [B]} for decoding whole files from their audio alone (labels are
+    not passed on): the task's host-side long-form ``transcribe`` where it has one (batches from
+    ``make_eval_loader(..., whole_files=True)``), else the jitted :func:`~jasr.steps.decode_step`."""
     if not task.transcribes_whole_files:
-        return eval_function(task)
+        step = jax.jit(functools.partial(decode_step, task=task))
+        return lambda state, batch: step(state, {k: batch[k] for k in AUDIO_KEYS if k in batch})
 
     def transcribe(state: TrainState, batch: dict) -> dict:
-        toks = task.transcribe(state.params, state.model_state, batch)
+        toks = task.transcribe(state.params, state.model_state, {k: batch[k] for k in AUDIO_KEYS if k in batch})
         ids = np.zeros((len(toks), max([len(t) for t in toks] + [1])), np.int32)
         for r, t in enumerate(toks):
             ids[r, :len(t)] = t
