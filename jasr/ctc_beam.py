@@ -106,8 +106,10 @@ def _word_id(lex: Lexicon, node):
     return wid, jnp.where(wid >= 0, wid, lex.unk_id)
 
 
-def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam, lp, pad):
-    """One frame for one utterance: beam [K] -> beam [K] and (parent slot [K], added token [K])."""
+def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam, lp, c_lp, c_tok, pad):
+    """One frame for one utterance: beam [K] -> beam [K] and (parent slot [K], added token [K]).
+
+    lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens of the frame and their log-probs (-inf: none)."""
     K = o.beam
     ab = jnp.logaddexp(s.pb, s.pnb)
     alive = ab > _NEG
@@ -122,12 +124,7 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     into = jnp.where(s.last == s.last[par], s.pb[par], ab[par]) + lp_last
     st_pnb = jnp.logaddexp(st_pnb, jnp.where(has_par, into, _NEG))
     st_total = jnp.logaddexp(st_pb, st_pnb) + s.fus
-    # grow: candidate tokens of this frame
-    lp_nb = lp.at[o.blank_id].set(_NEG)
-    if o.topk < lp.shape[0]:
-        c_lp, c_tok = jax.lax.top_k(lp_nb, o.topk)
-    else:
-        c_lp, c_tok = lp_nb, jnp.arange(lp.shape[0], dtype=jnp.int32)
+    # grow by the candidate tokens of this frame
     c_ok = (c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp))
     C = c_tok.shape[0]
     e_pnb = jnp.where(c_tok[None] == s.last[:, None], s.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
@@ -240,10 +237,17 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSea
     frame = jax.vmap(functools.partial(_frame, o, w, lm, lex, hot))
 
     def step(s, x):
-        return frame(s, x[0], x[1])
+        return frame(s, *x)
 
-    lp = jnp.moveaxis(log_probs.astype(jnp.float32), 1, 0)
-    beam, (parents, added) = jax.lax.scan(step, beam, (lp, jnp.moveaxis(paddings, 1, 0)))   # [T, B, K]
+    lp = jnp.moveaxis(log_probs.astype(jnp.float32), 1, 0)                                  # [T, B, V]
+    # the candidate tokens of every frame, chosen before the scan (they do not depend on the beam)
+    lp_nb = lp.at[:, :, o.blank_id].set(_NEG)
+    if o.topk < V:
+        c_lp, c_tok = jax.lax.top_k(lp_nb, o.topk)                                          # [T, B, C]
+    else:
+        c_lp, c_tok = lp_nb, jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), lp.shape)
+    xs = (lp, c_lp, c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0))
+    beam, (parents, added) = jax.lax.scan(step, beam, xs)                                   # [T, B, K]
     total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot))(beam)
     scores, sel = jax.lax.top_k(total, N)                                                   # [B, N]
     take = jax.vmap(lambda a, i: a[i])
