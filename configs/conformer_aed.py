@@ -1,6 +1,6 @@
 """Conformer attention encoder-decoder with joint CTC/attention training (ESPnet/WeNet recipe shape) on the demo
 corpus. Dev WER uses the CTC head's greedy decode with loss.type="joint", greedy attention decoding with
-loss.type="attention".
+loss.type="attention" (to eos or the encoder's output frames; cap: train.max_decode_tokens).
 
     python train.py --config configs/conformer_aed.py --workdir runs/aed
 """

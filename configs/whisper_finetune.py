@@ -8,11 +8,13 @@
 
 Teacher forcing as transformers' fine-tuning recipes: decoder prompt <|startoftranscript|><|en|><|transcribe|>
 <|notimestamps|>, targets = BPE(" " + text) + <|endoftext|>, label-smoothed cross-entropy on the targets only (not
-on the prompt). The encoder's sinusoidal positions stay frozen. Dev WER uses greedy decoding with the
-checkpoint's suppress lists (generation_config.json). English-only (.en) checkpoints need
---config.data.tokenizer=whisper:gpt2; another language: a WhisperTokenizer JSON file (jasr.tokenizers, with
-"language") as data.tokenizer. large-v3: --config.data.num_mel_bins=128 --config.data.tokenizer=whisper:multilingual:100.
-Utterances must be at most 30 s (longer ones are dropped).
+on the prompt). The encoder's sinusoidal positions stay frozen. Dev WER uses greedy decoding of the 30 s window
+with the checkpoint's suppress lists (generation_config.json), up to the model's 448 positions (cap:
+train.max_decode_tokens); decode.py transcribes whole files (long-form, seeking on timestamps).
+English-only (.en) checkpoints need --config.data.tokenizer=whisper:gpt2; another language: a WhisperTokenizer
+JSON file (jasr.tokenizers, with "language") as data.tokenizer. large-v3: --config.data.num_mel_bins=128
+--config.data.tokenizer=whisper:multilingual:100. Training utterances must be at most 30 s (longer ones are
+dropped).
 """
 from jasr.config import base_config
 
