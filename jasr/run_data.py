@@ -29,7 +29,7 @@ import numpy as np
 from jasr.augment import AudioAugment
 from jasr.data import BatchConfig, DataError, make_loader
 from jasr.demo_data import DemoCorpusConfig, make_demo_corpus
-from jasr.features import FeatureConfig, feature_dim
+from jasr.features import WHISPER_CHUNK_SAMPLES, WHISPER_SAMPLE_RATE, FeatureConfig, feature_dim
 from jasr.manifests import Utterance, check_utterances, read_manifest
 from jasr.tasks import Task, family
 from jasr.tokenizers import CharTokenizer, load_tokenizer
@@ -237,6 +237,21 @@ def make_eval_loader(cfg: ml_collections.ConfigDict, utts: list[Utterance], toke
     fc = family(cfg.model.name).decode_feature_config(cfg) if whole_files else feature_config(cfg)
     return make_loader(utts, tokenizer, fc, bc, shuffle=False, num_epochs=1, worker_count=cfg.data.num_workers,
                        label_fn=label_fn(cfg, tokenizer), output_frames=_output_frames(task, fc))
+
+
+def cut_dev_summary(split: str, utts: list[Utterance], fc: FeatureConfig) -> str | None:
+    """One log line about the utterances of `split` longer than the fixed input window of features `fc` (Whisper's
+    30 s log-mel): evaluation decodes their first window only and scores them against the whole transcript
+    (decode.py transcribes whole files); None when there are none."""
+    if not (fc.kind == "whisper" and fc.whisper_pad_or_trim):
+        return None
+    window = WHISPER_CHUNK_SAMPLES / WHISPER_SAMPLE_RATE
+    cut = [u for u in utts if u.duration > window]
+    if not cut:
+        return None
+    return (f"{len(cut)} of {len(utts)} {split} utterances are longer than the model's {window:g} s window, e.g. "
+            f"{cut[0].id} ({cut[0].duration:.1f} s): {split} WER decodes their first {window:g} s against the whole "
+            f"transcript (decode.py transcribes whole files)")
 
 
 def _output_frames(task: Task | None, fc: FeatureConfig):

@@ -29,7 +29,7 @@ from jasr.config import ConfigError, load_saved_config, save_config, validate_co
 from jasr.logs import SkipLog, TrainLogger
 from jasr.manifests import Utterance, check_utterances
 from jasr.optim import make_optimizer_from_config
-from jasr.run_data import (RunData, check_bad_fraction, device_inputs, dummy_batch, feature_config,
+from jasr.run_data import (RunData, check_bad_fraction, cut_dev_summary, device_inputs, dummy_batch, feature_config,
                            make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
                            resolve, unencodable_summary)
 from jasr.steps import AUDIO_KEYS, TrainState, create_train_state, decode_step, eval_step, step_key, train_step
@@ -227,6 +227,9 @@ def _log_left_out(skips: SkipLog, data: RunData, train_loader, dev_loader, write
                                f"e.g. {unfit[0]['id']}"):
             if line:
                 write(f"[data] {line}: scored in WER against their text, no dev loss (see skipped.jsonl)")
+        line = cut_dev_summary("dev", data.dev, data.feature_config)
+        if line:
+            write(f"[data] {line}")
     return _counts(skips, data, train_loader, dev_loader)
 
 

@@ -20,7 +20,7 @@ from jasr.audio import load_audio
 from jasr.config import apply_override, load_config_file, validate_config
 from jasr.manifests import read_manifest
 from jasr.optim import make_optimizer_from_config
-from jasr.run_data import (NO_TRANSCRIPT, dummy_batch, feature_config, label_fn, make_eval_loader,
+from jasr.run_data import (NO_TRANSCRIPT, cut_dev_summary, dummy_batch, feature_config, label_fn, make_eval_loader,
                            with_placeholder_transcripts)
 from jasr.steps import create_train_state, eval_step
 from jasr.tasks import build_task
@@ -228,3 +228,11 @@ def test_whisper_decodes_the_whole_file_the_same_with_or_without_a_transcript(wh
         without = evaluate_utterances(run, files[name, False])[1]
         assert [r["hyp"] for r in with_text] == [r["hyp"] for r in without]
         assert all(r["hyp"] == " ".join([text] * windows) for r in without), (name, without[0]["hyp"][:80])
+
+
+def test_dev_evaluation_names_whisper_utterances_longer_than_its_window(files):
+    utts = files["long", True] + files["short", True]
+    line = cut_dev_summary("dev", utts, feature_config(_whisper_cfg()))
+    assert line.startswith("1 of 3 dev utterances are longer than the model's 30 s window, e.g. long (38.6 s)")
+    assert cut_dev_summary("dev", files["short", True], feature_config(_whisper_cfg())) is None
+    assert cut_dev_summary("dev", utts, feature_config(_aed_cfg())) is None      # no fixed window
