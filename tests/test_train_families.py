@@ -187,6 +187,11 @@ def test_whisper_finetune_from_hf(manifest, whisper_hf_dir, tmp_path):
     assert decode.main(["--workdir", workdir, "--split", "dev", "--checkpoint", "latest", "--show", "1"]) == 0
     out = [json.loads(l) for l in open(os.path.join(workdir, "decode_dev.jsonl"))]
     assert len(out) == 2 and all("hyp" in r for r in out)
+    # the same audio files without a transcript decode to the same text (the hypothesis never sees the reference)
+    audio = [json.loads(l)["audio"] for l in open(manifest)]
+    files_out = os.path.join(workdir, "files.jsonl")
+    assert decode.main(["--workdir", workdir, "--checkpoint", "latest", "--output", files_out, *audio]) == 0
+    assert {r["id"]: r["hyp"] for r in map(json.loads, open(files_out))} == {r["id"]: r["hyp"] for r in out}
 
 
 # ------------------------------------------------------------------------------------------------------------
