@@ -270,6 +270,18 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSea
                             jnp.where(dead, 0, take(words, sel)), token_frames)
 
 
+@functools.partial(jax.jit, static_argnums=(2,))
+def _count_candidates(log_probs, paddings, blank_id, min_logp):
+    ok = (log_probs >= min_logp) & (paddings[..., None] < 0.5) & (jnp.arange(log_probs.shape[-1]) != blank_id)
+    return ok.sum(-1).max()
+
+
+def _tokens_needed(log_probs, paddings, blank_id: int, min_logp: float) -> int:
+    """The number of non-blank tokens at or above min_logp in the fullest frame, rounded up to a power of two."""
+    n = int(_count_candidates(log_probs, paddings.astype(jnp.float32), blank_id, jnp.float32(min_logp)))
+    return 1 << max(n, 1).bit_length() - (max(n, 1) & (max(n, 1) - 1) == 0)
+
+
 def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | None = None, blank_id: int = 0,
                            token_topk: int | None = None, token_min_logp: float | None = None,
                            beam_prune_logp: float | None = None, lm: Any = None, lm_weight: float = 0.0,
@@ -282,7 +294,9 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
       log_probs: [B, T, V] float log-softmax outputs (log semiring; float32 inside). paddings: [B, T], 1.0 = padded
         frame (leaves the beam unchanged).
       beam: prefixes kept per frame (static). nbest: hypotheses returned (<= beam; default: beam).
-      token_topk: grow prefixes by at most this many tokens per frame (static; default: all).
+      token_topk: grow prefixes by at most this many tokens per frame (static). Default: all tokens, or, with
+        token_min_logp and concrete inputs, as many as any frame has at or above it, rounded up to a power of two
+        (exact; one small device-to-host read, and one compiled program per power of two).
       token_min_logp: grow only by tokens with log-prob >= this (the frame's best token always).
       beam_prune_logp: drop candidates scoring below the frame's best + this (a negative number).
       lm, lm_weight, lm_level: LM fusion ("token": each emitted token, "word": each completed word, needs
@@ -309,6 +323,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     if token_topk is not None and not 1 <= token_topk:
         raise ValueError(f"token_topk must be >= 1, got {token_topk}")
     topk = V if token_topk is None else min(int(token_topk), V - 1)
+    if token_topk is None and token_min_logp is not None and not isinstance(log_probs, jax.core.Tracer):
+        topk = min(_tokens_needed(log_probs, paddings, blank_id, float(token_min_logp)), topk)
     if lm_level not in ("token", "word"):
         raise ValueError(f"lm_level must be 'token' or 'word', got {lm_level!r}")
     if lm is not None and not all(hasattr(lm, a) for a in ("start_state", "advance", "final")):
@@ -320,7 +336,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     for name, table in (("lexicon", lexicon and lexicon.boundary), ("hotwords", hotwords and hotwords.goto)):
         if table is not None and table.shape[-1] != V:
             raise ValueError(f"{name} is built for {table.shape[-1]} tokens, log_probs has V={V}")
-    if lexicon is not None and bool(lexicon.boundary[blank_id] | lexicon.word_start[blank_id]):
+    if (lexicon is not None and not isinstance(lexicon.boundary, jax.core.Tracer)
+            and bool(lexicon.boundary[blank_id] | lexicon.word_start[blank_id])):
         raise ValueError("lexicon: the blank cannot be a boundary or word-start token")
     for name, val in (("token_min_logp", token_min_logp), ("beam_prune_logp", beam_prune_logp)):
         if val is not None and val > 0:

@@ -317,6 +317,10 @@ def test_token_pruning_keeps_the_best_on_peaky_logits():
     pad = np.zeros((3, 30), np.float32)
     full = ctc_prefix_beam_search(lp, pad, 4, nbest=1)
     pruned = ctc_prefix_beam_search(lp, pad, 4, nbest=1, token_topk=2, token_min_logp=-5.0, beam_prune_logp=-10.0)
+    # token_min_logp alone tries only as many tokens as the fullest frame has above it: exactly as trying all
+    capped = ctc_prefix_beam_search(lp, pad, 4, nbest=2, token_topk=5, token_min_logp=-5.0)
+    auto = ctc_prefix_beam_search(lp, pad, 4, nbest=2, token_min_logp=-5.0)
+    assert nbest_lists(auto) == nbest_lists(capped)
     # same best paths; pruning changes which alignments are summed a little
     assert [h[0][0] for h in nbest_lists(full)] == [h[0][0] for h in nbest_lists(pruned)]
     np.testing.assert_allclose(np.asarray(pruned.scores), np.asarray(full.scores), atol=0.01)
