@@ -108,7 +108,8 @@ class WhisperTask(Task):
                    suppress_tokens=tuple(int(x) for x in (gen.get("suppress_tokens") or ())),
                    begin_suppress_tokens=tuple(int(x) for x in (gen.get("begin_suppress_tokens") or ())),
                    no_timestamps_id=int(tokenizer.no_timestamps),
-                   max_initial_timestamp_index=int(gen.get("max_initial_timestamp_index") or 50))
+                   max_initial_timestamp_index=int(50 if gen.get("max_initial_timestamp_index") is None
+                                                   else gen["max_initial_timestamp_index"]))
 
     def init(self, key, batch):
         k1, k2 = jax.random.split(key)
