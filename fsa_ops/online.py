@@ -43,7 +43,8 @@ from jax import lax
 
 from fsa_ops.dense import DenseFsaVec, bad_segments, broadcast_attrs
 from fsa_ops.fsa import Fsa
-from fsa_ops.pruned import PrunedConfig, final_frame_arcs, pruned_frame_step, pruned_lattice, pruned_tables
+from fsa_ops.pruned import (PrunedConfig, check_search_args, final_frame_arcs, pruned_frame_step, pruned_lattice,
+                            pruned_tables)
 from fsa_ops.scores import NEG_INF, bucket, fsa_arrays, is_traced, max_degree, score_dtype, valid_arcs
 
 __all__ = ["OnlineDenseIntersecter", "DecodeStateInfo"]
@@ -157,13 +158,7 @@ class OnlineDenseIntersecter:
             raise TypeError(f"decoding_graph: expected an Fsa, got {type(decoding_graph).__name__}")
         if isinstance(num_streams, bool) or not isinstance(num_streams, (int, np.integer)) or num_streams < 1:
             raise ValueError(f"num_streams: expected an int >= 1, got {num_streams!r}")
-        if not search_beam > 0 or not output_beam > 0:
-            raise ValueError(f"search_beam and output_beam must be > 0, got {search_beam}, {output_beam}")
-        if max_active_states < 1 or min_active_states < 0 or min_active_states > max_active_states:
-            raise ValueError(f"need 0 <= min_active_states <= max_active_states and max_active_states >= 1, "
-                             f"got {min_active_states}, {max_active_states}")
-        if not isinstance(allow_partial, (bool, np.bool_)):
-            raise TypeError(f"allow_partial: expected a bool, got {type(allow_partial).__name__}")
+        check_search_args(search_beam, output_beam, min_active_states, max_active_states, allow_partial)
         arcs, S, _ = fsa_arrays(decoding_graph, "decoding_graph")
         if is_traced(arcs.src, arcs.dst, arcs.label, arcs.num_arcs, arcs.num_states):
             raise ValueError("decoding_graph: must be concrete (built on the host), not traced")

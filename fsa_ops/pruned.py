@@ -41,7 +41,7 @@ from fsa_ops.fsa import Fsa
 from fsa_ops.scores import NEG_INF, valid_arcs
 
 __all__ = ["intersect_dense_pruned", "PrunedConfig", "pruned_frame_step", "pruned_tables", "pruned_lattice",
-           "final_frame_arcs"]
+           "final_frame_arcs", "check_search_args"]
 
 
 class PrunedConfig(NamedTuple):
@@ -214,6 +214,17 @@ def pruned_lattice(cfg: PrunedConfig, records, dur, nonempty, bad, attrs):
     return lat, out_attrs, frame, num_states, num_arcs
 
 
+def check_search_args(search_beam, output_beam, min_active_states, max_active_states, allow_partial) -> None:
+    """The beams and active-state bounds of a pruned search (ValueError / TypeError naming the bad one)."""
+    if not search_beam > 0 or not output_beam > 0:
+        raise ValueError(f"search_beam and output_beam must be > 0, got {search_beam}, {output_beam}")
+    if max_active_states < 1 or min_active_states < 0 or min_active_states > max_active_states:
+        raise ValueError(f"need 0 <= min_active_states <= max_active_states and max_active_states >= 1, "
+                         f"got {min_active_states}, {max_active_states}")
+    if not isinstance(allow_partial, (bool, np.bool_)):
+        raise TypeError(f"allow_partial: expected a bool, got {type(allow_partial).__name__}")
+
+
 def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, output_beam: float,
                            min_active_states: int, max_active_states: int,
                            seqframe_idx_name: Optional[str] = None,
@@ -228,13 +239,7 @@ def intersect_dense_pruned(a_fsas, b_fsas: DenseFsaVec, search_beam: float, outp
     arc gets every arc leaving them redirected into the final state (graph score only, label ``-1``,
     attributes 0) instead of no path.
     """
-    if not search_beam > 0 or not output_beam > 0:
-        raise ValueError(f"search_beam and output_beam must be > 0, got {search_beam}, {output_beam}")
-    if max_active_states < 1 or min_active_states < 0 or min_active_states > max_active_states:
-        raise ValueError(f"need 0 <= min_active_states <= max_active_states and max_active_states >= 1, "
-                         f"got {min_active_states}, {max_active_states}")
-    if not isinstance(allow_partial, (bool, np.bool_)):
-        raise TypeError(f"allow_partial: expected a bool, got {type(allow_partial).__name__}")
+    check_search_args(search_beam, output_beam, min_active_states, max_active_states, allow_partial)
     cfg0, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, None, math.inf, True, sparse_tables_as_segments=False,
                                         warn=False)
     if cfg0.kout is None:
