@@ -93,14 +93,6 @@ class _Weights(NamedTuple):
     beam_prune_logp: jax.Array
 
 
-def _word_step(lex: Lexicon, node, tok):
-    """Lexicon bookkeeping of emitting `tok` after trie node `node` (broadcast): (completes a word, next node)."""
-    bnd, ws = lex.boundary[tok], lex.word_start[tok]
-    completes = (bnd | ws) & (node != 0)
-    nxt = jnp.where(bnd, 0, lexicon_child(lex, jnp.where(ws, 0, node), tok))
-    return completes, nxt
-
-
 def _word_id(lex: Lexicon, node):
     wid = jnp.where(node > 0, lex.word[jnp.maximum(node, 0)], -1)
     return wid, jnp.where(wid >= 0, wid, lex.unk_id)
@@ -136,13 +128,17 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     zero = jnp.zeros((K, C), jnp.float32)
     d_lm, d_words, d_fus = zero, jnp.ones((K, C), jnp.int32), zero
     node = jnp.broadcast_to(s.node[:, None], (K, C))
-    lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K, C) + a.shape[1:]), s.lm_state)
+
+    def lm_pick(k, j, grown):   # the LM state of the new beam entries
+        return jax.tree.map(lambda a: a[k], s.lm_state)
     if lex is not None:
-        completes, node = _word_step(lex, s.node[:, None], tok)
+        bnd, ws = lex.boundary[c_tok][None], lex.word_start[c_tok][None]                         # [1, C]
+        starts = bnd | ws
+        completes = starts & (s.node[:, None] != 0)                                                 # [K, C]
+        node = jnp.where(bnd, 0, lexicon_child(lex, jnp.where(ws, 0, s.node[:, None]), c_tok[None]))
         wid, lm_wid = _word_id(lex, s.node)
         d_words = completes.astype(jnp.int32)
         in_word = (s.node[:, None] > 0) & (wid[:, None] < 0)     # completing a partial word that is no word
-        starts = lex.boundary[tok] | lex.word_start[tok]
         new_oov = (node < 0) & ((s.node[:, None] >= 0) | starts)
         if o.constrain:
             e_ok &= (node >= 0) & ~(completes & in_word)
@@ -151,11 +147,18 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
         if o.lm_level == "word":
             adv_state, adv_lp = lm.advance(s.lm_state, lm_wid)
             d_lm = jnp.where(completes, adv_lp[:, None], 0.0)
-            lm_state = jax.tree.map(
-                lambda a, b: jnp.where(completes.reshape(completes.shape + (1,) * (a.ndim - 2)), a[:, None], b),
-                adv_state, lm_state)
+
+            def lm_pick(k, j, grown):
+                done = grown & completes[k, j]
+                return jax.tree.map(lambda a, b: jnp.where(done.reshape((K,) + (1,) * (a.ndim - 1)), a[k], b[k]),
+                                    adv_state, s.lm_state)
     if o.lm_level == "token":
+        lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K, C) + a.shape[1:]), s.lm_state)
         lm_state, d_lm = lm.advance(lm_state, tok)
+
+        def lm_pick(k, j, grown):
+            return jax.tree.map(lambda a, b: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), b[k, j], a[k]),
+                                s.lm_state, lm_state)
     ctx = jnp.broadcast_to(s.ctx[:, None], (K, C))
     if hot is not None:
         ctx, d_hot = hotword_step(hot, ctx, tok)
@@ -170,7 +173,6 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     k = jnp.where(grown, (idx - K) // C, idx)
     j = jnp.where(grown, (idx - K) % C, 0)
     gtok = c_tok[j]
-    flat = lambda a, b: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), b[k, j], a[k])  # noqa: E731
     new = _Beam(
         pb=jnp.where(grown, _NEG, st_pb[k]), pnb=jnp.where(grown, e_pnb[k, j], st_pnb[k]),
         fus=jnp.where(grown, e_fus[k, j], s.fus[k]), lm=jnp.where(grown, s.lm[k] + d_lm[k, j], s.lm[k]),
@@ -178,7 +180,7 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
         length=s.length[k] + grown, h=jnp.where(grown[:, None], _hash(s.h[k], gtok), s.h[k]),
         ph=jnp.where(grown[:, None], s.h[k], s.ph[k]), node=jnp.where(grown, node[k, j], s.node[k]),
         ctx=jnp.where(grown, ctx[k, j], s.ctx[k]),
-        lm_state=jax.tree.map(flat, s.lm_state, lm_state))
+        lm_state=lm_pick(k, j, grown))
     # entries that lost all their probability stay dead
     dead = jnp.take(total, idx) == _NEG
     new = new._replace(pb=jnp.where(dead, _NEG, new.pb), pnb=jnp.where(dead, _NEG, new.pnb))
