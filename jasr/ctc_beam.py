@@ -101,7 +101,7 @@ def _word_id(lex: Lexicon, node):
 def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam, lp, c_lp, c_tok, pad):
     """One frame for one utterance: beam [K] -> beam [K] and (parent slot [K], added token [K]).
 
-    lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens of the frame and their log-probs (-inf: none)."""
+    lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens of the frame and their log-probs (-inf: not tried)."""
     K = o.beam
     ab = jnp.logaddexp(s.pb, s.pnb)
     alive = ab > _NEG
@@ -117,13 +117,12 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     st_pnb = jnp.logaddexp(st_pnb, jnp.where(has_par, into, _NEG))
     st_total = jnp.logaddexp(st_pb, st_pnb) + s.fus
     # grow by the candidate tokens of this frame
-    c_ok = (c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp))
     C = c_tok.shape[0]
     e_pnb = jnp.where(c_tok[None] == s.last[:, None], s.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
     # (k, c) is already in the beam as k' when k' = k + c: drop it (its mass went into k' above)
     eq = ((s.last[:, None] == c_tok[None, :]) & has_par[:, None]).astype(jnp.int32)                  # [k', C]
     dup = jnp.zeros((K, C), jnp.int32).at[par].max(eq) > 0                                           # [K, C]
-    e_ok = alive[:, None] & c_ok[None] & ~dup & (c_lp[None] > _NEG)
+    e_ok = alive[:, None] & ~dup & (c_lp[None] > _NEG)
     tok = jnp.broadcast_to(c_tok[None], (K, C))
     zero = jnp.zeros((K, C), jnp.float32)
     d_lm, d_words, d_fus = zero, jnp.ones((K, C), jnp.int32), zero
@@ -248,6 +247,8 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSea
         c_lp, c_tok = jax.lax.top_k(lp_nb, o.topk)                                          # [T, B, C]
     else:
         c_lp, c_tok = lp_nb, jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), lp.shape)
+    # token_min_logp: tokens below it are not tried, except the frame's best token
+    c_lp = jnp.where((c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp, -1)[..., None]), c_lp, _NEG)
     xs = (lp, c_lp, c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0))
     beam, (parents, added) = jax.lax.scan(step, beam, xs)                                   # [T, B, K]
     total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot))(beam)
