@@ -191,7 +191,8 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
 
 
 def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam):
-    """End of utterance: the open word, the LM's end of sentence, unfinished hotwords. -> (total, lm, words)."""
+    """End of utterance: the open word, the LM's end of sentence, unfinished hotwords.
+    -> (total, acoustic, lm, words), each [K]."""
     fus, lm_total, words = s.fus, s.lm, s.words
     ok = (s.pb > _NEG) | (s.pnb > _NEG)
     lm_state = s.lm_state
