@@ -14,7 +14,7 @@ from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists, word_timestamps
 from jasr.decoding import ctc_greedy_ids
 from jasr.lexicon import lexicon_child, lexicon_from_tokenizer, make_hotwords, make_lexicon
 from jasr.ngram import read_arpa
-from jasr.tokenizers import CharTokenizer
+from jasr.tokenizers import CharTokenizer, SentencePieceTokenizer
 
 T_BF, V_BF = 5, 4            # brute force: blank, "a" (1), "b" (2), " " (3)
 WIDE = sum(3 ** n for n in range(T_BF + 1))   # every prefix of <= T_BF tokens fits: the search prunes nothing
@@ -335,6 +335,20 @@ def test_lexicon_from_tokenizer_and_word_timestamps():
     ids = tok.encode("ab ba")
     words = word_timestamps(ids, [2, 4, 7, 9, 12], boundary_ids=[space], frame_shift=0.04)
     assert [(tok.decode(w), s, e) for w, s, e in words] == [("ab", 0.08, 0.28), ("ba", 0.36, 0.52)]
+
+
+def test_lexicon_from_sentencepiece_marks_word_starts():
+    tok = SentencePieceTokenizer.train(["the cat sat on the mat", "a cat and a hat", "the hat sat"] * 5, 24)
+    words = ["cat", "mat", "a", "the"]
+    lex = lexicon_from_tokenizer(words, tok, unk_id=9)
+    pieces = [tok.id_to_piece(i) for i in range(tok.vocab_size)]
+    assert [pieces[i] for i in np.flatnonzero(np.asarray(lex.boundary))] == ["▁"]
+    assert all(pieces[i].startswith("▁") and len(pieces[i]) > 1 for i in np.flatnonzero(np.asarray(lex.word_start)))
+    for wid, w in enumerate(words):   # each spelling (after a bare "▁") leads from the root to its word id
+        node = jnp.int32(0)
+        for t in tok.encode(w):
+            node = jnp.int32(0) if pieces[t] == "▁" else lexicon_child(lex, node, jnp.int32(t))
+        assert int(lex.word[node]) == wid
 
 
 def test_lexicon_dense_and_sparse_lookups_agree():
