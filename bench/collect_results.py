@@ -16,8 +16,10 @@ RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 SECTIONS = [
     ("ctc.md", "jasr.ctc_loss vs optax and torch (issue: foundation)", "./run.sh bench ctc"),
     ("fsa.md", "graph CTC / intersect_dense / LF-MMI denominator scoring (issue: fsa_ops)", "./run.sh bench fsa"),
-    ("fsa_structure.md", "compose + determinize of a lexicon-by-grammar graph (issue: fsa_ops)",
-     "./run.sh bench fsa_structure"),
+    ("fsa_structure.md", "structure ops on 10^6 arcs with ragged aux_labels; compose + determinize of a "
+     "lexicon-by-grammar graph (issue: fsa_ops)", "./run.sh bench fsa_structure"),
+    ("decode.md", "CTC prefix beam search with a word n-gram LM vs pyctcdecode + kenlm (issue: decoding)",
+     "python bench/decode.py --venv VENV_WITH_PYCTCDECODE_AND_KENLM"),
     ("models.md", "Whisper / Wav2Vec2 in jasr vs transformers (issue: models)", "./run.sh bench models"),
 ]
 

@@ -389,6 +389,8 @@ def write_report(args, rows, lengths, shape, load_before, load_after, lm_diff, j
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    import collect_results  # noqa: E402
+    collect_results.refresh_after(args.out)
 
 
 if __name__ == "__main__":
