@@ -7,10 +7,12 @@ and the training loop in :mod:`jasr.training` (driven by ``train.py``).
 """
 from jasr.audio import AudioError, audio_info, load_audio, resample
 from jasr.augment import AudioAugment, spec_augment
+from jasr.ctc_beam import BeamSearchResult, ctc_prefix_beam_search, nbest_lists, word_timestamps
 from jasr.data import BatchConfig, DataError, compute_cmvn_stats, make_loader
 from jasr.decoding import ctc_greedy_decode, ctc_greedy_ids, ids_to_text
 from jasr.features import (CmvnStats, FeatureConfig, compute_features, compute_features_jax, fbank, mfcc, num_frames,
                            whisper_log_mel)
+from jasr.lexicon import Hotwords, Lexicon, lexicon_from_tokenizer, make_hotwords, make_lexicon, word_boundaries
 from jasr.losses import ctc_loss, joint_ctc_attention_loss, wav2vec2_ctc_loss
 from jasr.manifests import ManifestError, Utterance, read_folder, read_manifest, write_manifest
 from jasr.metrics import cer, wer
@@ -28,5 +30,7 @@ __all__ = [
     "Utterance", "ManifestError", "read_manifest", "write_manifest", "read_folder", "BatchConfig", "make_loader",
     "DataError",
     "ctc_greedy_decode", "ctc_greedy_ids", "ids_to_text", "wer", "cer",
+    "ctc_prefix_beam_search", "BeamSearchResult", "nbest_lists", "word_timestamps",
+    "Lexicon", "Hotwords", "make_lexicon", "lexicon_from_tokenizer", "make_hotwords", "word_boundaries",
     "NgramLM", "read_arpa", "write_arpa", "ngram_to_fsa", "estimate_kneser_ney",
 ]
