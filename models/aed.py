@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from models.conformer import Conv2dSubsampling, ConformerConfig, ConformerEncoder, check_encoder_inputs
+from models.aed_search import beam_search  # noqa: F401  (re-exported: models.aed's decoding functions)
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import (TransformerConfig, TransformerDecoder, TransformerEncoder, constrain, dense,
                                 lengths_from_paddings, paddings_from_lengths)
@@ -172,7 +173,7 @@ class AEDModel(nn.Module):
     - ``encode(features, feature_paddings, train)`` -> ``(enc [B,T',D], enc_paddings, ctc_logits or None)``.
     - ``decode(tokens [B,U], enc, enc_paddings, train)`` -> logits ``[B,U,V]`` float32 (teacher forcing).
     - ``init_state(enc, enc_paddings, max_len)`` / ``step(tokens [B], index, state)`` -> incremental decoding.
-    Decoding: :func:`greedy_search`, :func:`beam_search`.
+    Decoding: :func:`greedy_search`, :func:`models.aed_search.beam_search` (re-exported here).
     """
     config: AEDConfig
 
@@ -225,80 +226,27 @@ def _encode(model, variables, features, feature_paddings):
 
 
 def greedy_search(model: AEDModel, variables, features, feature_paddings, max_len: int):
-    """Greedy attention decoding. Returns ``tokens [B, max_len]`` (eos excluded; padded positions hold eos),
+    """Greedy attention decoding; stops as soon as every row has emitted eos (``lax.while_loop``) or after
+    ``max_len`` tokens. Returns ``tokens [B, max_len]`` (eos excluded; padded positions hold eos),
     ``token_paddings [B, max_len]`` and ``scores [B]`` (sum of log-probabilities incl. eos when emitted)."""
     cfg = model.config
+    eos = cfg.eos_token
     enc, enc_pad = _encode(model, variables, features, feature_paddings)
     b = enc.shape[0]
     state = model.apply(variables, enc, enc_pad, max_len + 1, method=AEDModel.init_state)
 
-    def body(carry, index):
-        tok, st, done, score = carry
-        logits, st = model.apply(variables, tok, index, st, method=AEDModel.step)
-        logp = jax.nn.log_softmax(logits, axis=-1)
+    def body(carry):
+        t, tok, st, done, score, toks = carry
+        logits, st = model.apply(variables, tok, t, st, method=AEDModel.step)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         nxt = jnp.argmax(logp, axis=-1).astype(jnp.int32)
         score = score + jnp.where(done, 0.0, jnp.take_along_axis(logp, nxt[:, None], -1)[:, 0])
-        nxt = jnp.where(done, cfg.eos_token, nxt)
-        done = done | (nxt == cfg.eos_token)
-        return (nxt, st, done, score), nxt
+        nxt = jnp.where(done, eos, nxt)
+        toks = jax.lax.dynamic_update_slice_in_dim(toks, nxt[:, None], t, 1)
+        return t + 1, nxt, st, done | (nxt == eos), score, toks
 
-    init = (jnp.full((b,), cfg.sos_token, jnp.int32), state, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.float32))
-    (_, _, _, scores), toks = jax.lax.scan(body, init, jnp.arange(max_len, dtype=jnp.int32))
-    toks = toks.T
-    lengths = jnp.argmax(jnp.concatenate([toks, jnp.full((b, 1), cfg.eos_token, jnp.int32)], 1) == cfg.eos_token,
-                         axis=1)
+    init = (jnp.int32(0), jnp.full((b,), cfg.sos_token, jnp.int32), state, jnp.zeros((b,), bool),
+            jnp.zeros((b,), jnp.float32), jnp.full((b, max_len), eos, jnp.int32))
+    _, _, _, _, scores, toks = jax.lax.while_loop(lambda c: (c[0] < max_len) & ~jnp.all(c[3]), body, init)
+    lengths = jnp.argmax(jnp.concatenate([toks, jnp.full((b, 1), eos, jnp.int32)], 1) == eos, axis=1)
     return toks, paddings_from_lengths(lengths, max_len), scores
-
-
-def beam_search(model: AEDModel, variables, features, feature_paddings, max_len: int, beam_size: int,
-                length_bonus: float = 0.0):
-    """Batched beam search over the attention decoder (``lax.while_loop``; stops when every beam has emitted eos or
-    after ``max_len`` tokens). A hypothesis' score is the sum of its token log-probabilities (eos included) plus
-    ``length_bonus`` per non-eos token. Returns ``tokens [B, K, max_len]`` (best first; eos excluded, padded
-    positions hold eos), ``token_paddings [B, K, max_len]`` and ``scores [B, K]``."""
-    cfg = model.config
-    eos, k, v = cfg.eos_token, beam_size, cfg.vocab_size
-    if k < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    enc, enc_pad = _encode(model, variables, features, feature_paddings)
-    b = enc.shape[0]
-    rep = lambda x: jnp.repeat(x, k, axis=0)
-    state = model.apply(variables, rep(enc), rep(enc_pad), max_len + 1, method=AEDModel.init_state)
-    scores = jnp.tile(jnp.array([0.0] + [-jnp.inf] * (k - 1), jnp.float32), (b, 1))  # only beam 0 alive at first
-    tokens = jnp.full((b, k, max_len), eos, jnp.int32)
-    last = jnp.full((b * k,), cfg.sos_token, jnp.int32)
-    done = jnp.zeros((b, k), bool)
-
-    def cond(carry):
-        t, _, _, _, _, done = carry
-        return (t < max_len) & ~jnp.all(done)
-
-    def body(carry):
-        t, last, st, tokens, scores, done = carry
-        logits, st = model.apply(variables, last, t, st, method=AEDModel.step)
-        logp = jax.nn.log_softmax(logits, axis=-1).reshape(b, k, v)
-        bonus = jnp.where(jnp.arange(v) == eos, 0.0, length_bonus)
-        logp = logp + bonus
-        # a finished hypothesis extends only by eos, at no cost
-        stay = jnp.where(jnp.arange(v) == eos, 0.0, -jnp.inf)
-        logp = jnp.where(done[..., None], stay, logp)
-        cand = (scores[..., None] + logp).reshape(b, k * v)
-        new_scores, flat = jax.lax.top_k(cand, k)
-        beam, tok = flat // v, (flat % v).astype(jnp.int32)
-        gather = (jnp.arange(b)[:, None] * k + beam).reshape(-1)
-        st = jax.tree_util.tree_map(lambda x: x[gather], st)
-        tokens = jnp.take_along_axis(tokens, beam[..., None], axis=1)
-        done = jnp.take_along_axis(done, beam, axis=1)
-        tokens = tokens.at[:, :, t].set(jnp.where(done, eos, tok))
-        done = done | (tok == eos)
-        return t + 1, tok.reshape(-1), st, tokens, new_scores, done
-
-    _, _, _, tokens, scores, done = jax.lax.while_loop(
-        cond, body, (jnp.int32(0), last, state, tokens, scores, done))
-    order = jnp.argsort(-scores, axis=1)
-    tokens = jnp.take_along_axis(tokens, order[..., None], axis=1)
-    scores = jnp.take_along_axis(scores, order, axis=1)
-    ext = jnp.concatenate([tokens, jnp.full((b, k, 1), eos, jnp.int32)], axis=2)
-    lengths = jnp.argmax(ext == eos, axis=2)
-    paddings = (jnp.arange(max_len)[None, None, :] >= lengths[..., None]).astype(jnp.float32)
-    return tokens, paddings, scores

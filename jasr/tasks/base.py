@@ -83,6 +83,33 @@ def require(cond: bool, msg: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """Attention-decoder beam search options for :meth:`Task.beam_decode` (hashable: a static jit argument).
+
+    ``beam_size`` hypotheses kept per step, ``nbest`` returned (<= beam_size); a finished hypothesis of ``m``
+    tokens (eos included) ranks by ``score / lp(m)`` with ``lp(m) = m ** length_penalty`` (``length_norm="plain"``)
+    or GNMT's ``((5 + m) / 6) ** length_penalty`` (AED; Whisper uses transformers' ``m ** length_penalty`` over
+    the generated tokens); ``ctc_weight`` (AED with a CTC head): score ``(1 - w) * attention + w * CTC prefix
+    score``; ``ctc_candidates`` tokens per hypothesis scored by CTC (0: all); ``length_bonus`` added per token."""
+    beam_size: int = 8
+    nbest: int = 1
+    length_penalty: float = 0.0
+    length_norm: str = "plain"
+    ctc_weight: float = 0.0
+    ctc_candidates: int = 0
+    length_bonus: float = 0.0
+
+    def __post_init__(self):
+        if self.beam_size < 1 or not 1 <= self.nbest <= self.beam_size:
+            raise ValueError(f"SearchOptions: need beam_size >= 1 and 1 <= nbest <= beam_size, got "
+                             f"{self.beam_size}, {self.nbest}")
+        if not 0.0 <= self.ctc_weight <= 1.0:
+            raise ValueError(f"SearchOptions.ctc_weight must be in [0, 1], got {self.ctc_weight}")
+        if self.length_norm not in ("plain", "gnmt"):
+            raise ValueError(f"SearchOptions.length_norm must be 'plain' or 'gnmt', got {self.length_norm!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
     """A model family: the network and everything the pipeline needs to know to train and decode it.
 
@@ -172,6 +199,13 @@ class Task:
         raise NotImplementedError
 
     def greedy_decode(self, params, model_state, batch: dict):
+        return None
+
+    def beam_decode(self, params, model_state, batch: dict, options: SearchOptions):
+        """Attention-decoder beam search from the audio keys of `batch` (jit it with `options` static):
+        ``{"ids": [B, N, L] left-aligned, best first, "lengths": [B, N], "scores": [B, N] (normalised; -inf for an
+        empty slot)}`` with ``N = options.nbest``; None for a family without an attention decoder (decode.py then
+        uses greedy_decode or CTC prefix beam search). Length limits as greedy_decode's."""
         return None
 
     @classmethod

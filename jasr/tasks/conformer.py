@@ -11,8 +11,8 @@ import ml_collections
 from jasr import losses
 from jasr.decoding import ctc_greedy_decode
 from jasr.features import feature_dim, num_frames
-from jasr.tasks.base import Frontend, Task, model_fields_with_precision, require
-from models.aed import AEDConfig, AEDModel, greedy_search, shift_labels
+from jasr.tasks.base import Frontend, SearchOptions, Task, model_fields_with_precision, require
+from models.aed import AEDConfig, AEDModel, beam_search, greedy_search, shift_labels
 from models.conformer import ConformerConfig, ConformerCTC
 
 
@@ -177,3 +177,20 @@ class ConformerAEDTask(_FeatureTask):
                                       self.max_tokens(batch["features"].shape[1]))
         return toks.astype(jnp.int32), jnp.sum(1.0 - tpad, axis=1).astype(jnp.int32)
 
+    def beam_decode(self, params, model_state, batch, options: SearchOptions):
+        """models.aed_search.beam_search over the attention decoder (its KV cache / LSTM state), optionally joint
+        with the CTC head's prefix scores (``options.ctc_weight`` > 0 needs loss.type "joint"); at most
+        :meth:`max_tokens` tokens per hypothesis (from the audio)."""
+        if options.ctc_weight > 0 and not self.model.config.use_ctc:
+            raise ValueError("beam search with ctc_weight > 0 needs a CTC head (train with loss.type='joint')")
+        batch = self.frontend(batch, None, False)
+        variables = {"params": params, **model_state}
+        res = beam_search(self.model, variables, batch["features"], batch["feature_paddings"],
+                          self.max_tokens(batch["features"].shape[1]), options.beam_size,
+                          length_penalty=options.length_penalty, length_norm_kind=options.length_norm,
+                          ctc_weight=options.ctc_weight, ctc_candidates=options.ctc_candidates,
+                          length_bonus=options.length_bonus)
+        n = options.nbest
+        return {"ids": res["tokens"][:, :n].astype(jnp.int32),
+                "lengths": jnp.sum(1.0 - res["token_paddings"][:, :n], axis=2).astype(jnp.int32),
+                "scores": res["scores"][:, :n]}
