@@ -1,0 +1,285 @@
+"""jasr.hlg / jasr.graph_decoding: lang building and HLG decoding against brute force over all frame labellings."""
+import itertools
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from fsa_ops import SymbolTable
+from jasr import graph_decoding as gd
+from jasr import hlg
+from jasr.ngram import read_arpa
+from jasr.tokenizers import CharTokenizer
+
+TOKENS = "<blk> 0\na 1\nb 2\nc 3\n"
+# a homophone (C / SEA on "c"), shared prefixes (a < a b, c < c a), two spellings of SEA with probabilities
+LEXICONP = "A 1.0 a\nAB 1.0 a b\nC 1.0 c\nSEA 0.6 c\nSEA 0.4 c a\nBC 1.0 b c\n"
+ARPA = """\\data\\
+ngram 1=7
+ngram 2=4
+
+\\1-grams:
+-1.0 </s>
+-99 <s> -0.3
+-0.7 A -0.2
+-0.8 AB -0.25
+-0.9 C -0.3
+-0.9 SEA -0.2
+-1.1 BC -0.1
+
+\\2-grams:
+-0.2 <s> A
+-0.3 A BC
+-0.25 C </s>
+-0.4 AB SEA
+
+\\end\\
+"""
+# the rescoring LM: other words preferred (no backoff path beats an n-gram in either model)
+ARPA2 = """\\data\\
+ngram 1=7
+ngram 2=5
+
+\\1-grams:
+-0.8 </s>
+-99 <s> -0.2
+-1.2 A -0.3
+-0.6 AB -0.1
+-1.3 C -0.2
+-0.5 SEA -0.3
+-0.9 BC -0.2
+
+\\2-grams:
+-0.3 <s> SEA
+-0.2 SEA </s>
+-0.3 AB BC
+-0.4 BC </s>
+-0.5 <s> C
+
+\\end\\
+"""
+B, T, V = 3, 5, 4
+SEARCH = dict(search_beam=50.0, output_beam=50.0, min_active_states=100, max_active_states=1000)
+
+
+@pytest.fixture(scope="module")
+def lang():
+    return hlg.make_lang(hlg.read_lexicon(LEXICONP, with_probs=True), SymbolTable.from_str(TOKENS))
+
+
+@pytest.fixture(scope="module")
+def lms():
+    return read_arpa(ARPA), read_arpa(ARPA2)
+
+
+@pytest.fixture(scope="module")
+def graph(lang, lms):
+    return hlg.compile_hlg(lang, lms[0])
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    rng = np.random.default_rng(3)
+    lp = np.log(rng.dirichlet(np.ones(V) * 0.5, size=(B, T))).astype(np.float32)
+    pads = np.zeros((B, T), np.float32)
+    pads[1, 4:] = 1.0
+    pads[2, 3:] = 1.0
+    return lp, pads
+
+
+def segmentations(lang, toks):
+    """(words, pron score) for every way the lexicon spells the token sequence."""
+    if not toks:
+        yield (), 0.0
+        return
+    for w, spelled, sc in lang.entries:
+        ids = tuple(lang.tokens[t] for t in spelled)
+        if toks[:len(ids)] == ids:
+            for rest, s in segmentations(lang, toks[len(ids):]):
+                yield (w,) + rest, sc + s
+
+
+def brute_force(lang, lp, n):
+    """words -> (best am + pron + LM score, am, pron, labelling) over every labelling of the first n frames."""
+    lm = read_arpa(ARPA)
+    out = {}
+    for seq in itertools.product(range(lp.shape[1]), repeat=n):
+        toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
+        am = float(sum(lp[t, k] for t, k in enumerate(seq)))
+        for words, pron in segmentations(lang, toks):
+            if words:
+                s = am + pron + lm.score_sentence(list(words))
+                if s > out.get(words, (-math.inf,))[0]:
+                    out[words] = (s, am, pron, seq)
+    return out
+
+
+def spans(lang, words, seq):
+    """(first, last) frame of each word in a labelling (tokens split by the lexicon, blanks excluded)."""
+    emis = []
+    for t, k in enumerate(seq):
+        if k and (t == 0 or seq[t - 1] != k):
+            emis.append([k, t, t])
+        elif k:
+            emis[-1][2] = t
+    out, pos = [], 0
+    for w in words:
+        sp = next(tuple(lang.tokens[x] for x in s) for ww, s, _ in lang.entries if ww == w and tuple(
+            lang.tokens[x] for x in s) == tuple(e[0] for e in emis[pos:pos + len(s)]))
+        out.append((emis[pos][1], emis[pos + len(sp) - 1][2]))
+        pos += len(sp)
+    return tuple(out)
+
+
+@pytest.fixture(scope="module")
+def references(lang, inputs):
+    lp, pads = inputs
+    return [brute_force(lang, lp[b], int(T - pads[b].sum())) for b in range(B)]
+
+
+def test_lang_tables_and_disambiguation(lang):
+    assert lang.disambig_entries == (("A", ("a", "#1"), 0.0), ("AB", ("a", "b"), 0.0),
+                                     ("C", ("c", "#1"), 0.0), ("SEA", ("c", "#2"), pytest.approx(math.log(0.6))),
+                                     ("SEA", ("c", "a"), pytest.approx(math.log(0.4))), ("BC", ("b", "c"), 0.0))
+    assert lang.num_tokens == 4 and lang.max_disambig == 2
+    assert [lang.tokens[f"#{k}"] for k in range(3)] == [4, 5, 6]
+    assert lang.words.to_str().split() == "<eps> 0 A 1 AB 2 C 3 SEA 4 BC 5 #0 6 <s> 7 </s> 8".split()
+    assert hlg.read_lexicon(hlg.lexicon_text(lang.entries, with_probs=True), with_probs=True)[3][2] == \
+        pytest.approx(math.log(0.6), abs=1e-5)
+    L = hlg.lexicon_fst(lang)
+    assert sorted(np.asarray(L.aux_labels)[np.asarray(L.label) == 4].tolist()) == [6]     # the #0:#0 loop
+    tok = CharTokenizer.from_texts(["one two"])
+    char = hlg.lang_from_tokenizer(["one", "two", "on"], tok)
+    assert char.boundary_ids == (tok.chars.index(" ") + 1,) and char.tokens[char.boundary_ids[0]] == hlg.SPACE
+    assert char.disambig_entries[2] == ("on", ("o", "n", "#1"), 0.0)
+
+
+def test_one_best_equals_brute_force(lang, graph, inputs, references):
+    lp, pads = inputs
+    hyps = gd.one_best(graph, lp, pads, **SEARCH)
+    assert len(hyps) == B
+    for h, ref in zip(hyps, references):
+        words, (score, am, pron, seq) = max(ref.items(), key=lambda kv: kv[1][0])
+        assert h.words == words and h.text == " ".join(words)
+        assert h.word_ids == tuple(lang.words[w] for w in words)
+        assert h.total_score == pytest.approx(score, abs=1e-4)
+        assert h.am_score == pytest.approx(am, abs=1e-4)
+        assert h.lm_score == pytest.approx(score - am, abs=1e-4)
+        assert h.tokens == tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
+        assert h.word_frames == spans(lang, words, seq)
+
+
+def test_nbest_lists_equal_brute_force(graph, inputs, references):
+    lp, pads = inputs
+    lists = gd.nbest(graph, lp, pads, jax.random.PRNGKey(0), num_paths=300, nbest_scale=0.2, **SEARCH)
+    for hs, ref in zip(lists, references):
+        got = {h.words: h.total_score for h in hs}
+        assert set(got) == set(ref)                 # every word sequence of the lattice, as a set
+        for w, s in got.items():
+            assert s == pytest.approx(ref[w][0], abs=1e-4)
+        assert [h.total_score for h in hs] == sorted(got.values(), reverse=True)
+
+
+def test_rescoring_equals_brute_force(lang, graph, inputs, references, lms):
+    lp, pads = inputs
+    lm2 = lms[1]
+    scales = [1.0, 0.5]
+    nb = gd.nbest_rescoring(graph, lp, pads, lm2, jax.random.PRNGKey(1), lm_scales=scales, num_paths=300,
+                            nbest_scale=0.2, **SEARCH)
+    wl = gd.whole_lattice_rescoring(graph, lp, pads, lm2, lm_scales=scales, **SEARCH)
+    assert sorted(nb) == sorted(wl) == ["lm_scale_0.5", "lm_scale_1.0"]
+    for s in scales:
+        for b, ref in enumerate(references):
+            n = int(T - pads[b].sum())
+            # n-best: each word sequence keeps the acoustic score of its best path under the first pass
+            exp_nb = max((am + s * lm2.score_sentence(list(w)), w) for w, (_, am, _, _) in ref.items())
+            h = nb[f"lm_scale_{s}"][b]
+            assert h.words == exp_nb[1] and h.total_score == pytest.approx(exp_nb[0], abs=1e-4)
+            assert h.lm_score == pytest.approx(lm2.score_sentence(list(h.words)), abs=1e-4)
+            # whole lattice: the best acoustic path of any word sequence plus the new LM
+            exp_wl = (-math.inf, None)
+            for seq in itertools.product(range(V), repeat=n):
+                toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
+                am = float(sum(lp[b, t, k] for t, k in enumerate(seq)))
+                for words, _ in segmentations(lang, toks):
+                    if words:
+                        exp_wl = max(exp_wl, (am + s * lm2.score_sentence(list(words)), words))
+            h = wl[f"lm_scale_{s}"][b]
+            assert h.words == exp_wl[1] and h.total_score == pytest.approx(exp_wl[0], abs=1e-4)
+
+
+def test_attention_rescoring_equals_brute_force(graph, inputs, references):
+    lp, pads = inputs
+    bonus = {(3,): 2.0, (1, 2): 1.5}          # the "decoder" likes "c" and "a b"
+
+    def score_fn(token_seqs, utt):
+        assert len(utt) == len(token_seqs)
+        return np.array([bonus.get(tuple(s), -1.0) for s in token_seqs])
+    out = gd.attention_rescoring(graph, lp, pads, score_fn, jax.random.PRNGKey(2), num_paths=300, nbest_scale=0.2,
+                                 ngram_lm_scales=[0.5], attention_scales=[1.0, 3.0], **SEARCH)
+    assert sorted(out) == ["ngram_lm_scale_0.5_attention_scale_1.0", "ngram_lm_scale_0.5_attention_scale_3.0"]
+    for a_s in (1.0, 3.0):
+        for b, ref in enumerate(references):
+            def total(item):
+                w, (score, am, _, seq) = item
+                toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
+                return am + 0.5 * (score - am) + a_s * bonus.get(toks, -1.0)
+            w, _ = max(ref.items(), key=total)
+            h = out[f"ngram_lm_scale_0.5_attention_scale_{a_s}"][b]
+            assert h.words == w and h.total_score == pytest.approx(total((w, ref[w])), abs=1e-4)
+
+
+def test_batch_equals_single_and_padding_ignored(graph, inputs):
+    lp, pads = inputs
+    noisy = lp.copy()
+    noisy[pads > 0.5] = np.log(np.full(V, 1.0 / V))[None] * 0 - 50.0   # garbage in padded frames
+    batch = gd.one_best(graph, noisy, pads, **SEARCH)
+    assert batch == gd.one_best(graph, lp, pads, **SEARCH)
+    for b in range(B):
+        single = gd.one_best(graph, lp[b:b + 1], pads[b:b + 1], **SEARCH)
+        assert single == [batch[b]]
+
+
+def test_one_word_grammar_char_model():
+    """FSDD style: a character tokenizer with a space token, a grammar of exactly one word per utterance."""
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "zero", "oh"]
+    tok = CharTokenizer.from_texts([" ".join(words)])
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.dirichlet(np.ones(tok.vocab_size) * 0.3, size=(4, 12))).astype(np.float32)
+    pads = np.zeros((4, 12), np.float32)
+    pads[3, 9:] = 1.0
+    for mode in ("optional", "required"):
+        lang = hlg.lang_from_tokenizer(words, tok, word_boundary=mode)
+        g = hlg.compile_hlg(lang, [[w] for w in words])
+        for h in gd.one_best(g, lp, pads, **SEARCH):
+            assert len(h.words) == 1 and h.words[0] in words
+            spelled = tuple(i for i in h.tokens if i not in lang.boundary_ids)
+            assert tok.decode(list(spelled)) == h.words[0]
+    # the same grammar as OpenFst text with word symbols, and a free word loop (any number of words)
+    lang = hlg.lang_from_tokenizer(words, tok)
+    text = "".join(f"0 1 {w}\n" for w in words) + "1\n"
+    for h in gd.one_best(hlg.compile_hlg(lang, text), lp, pads, **SEARCH):
+        assert len(h.words) == 1
+    for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **SEARCH):
+        assert h.words and all(w in words for w in h.words)
+
+
+def test_errors_name_the_argument(lang, graph, inputs):
+    lp, pads = inputs
+    with pytest.raises(ValueError, match="log_probs: vocab size 5"):
+        gd.one_best(graph, np.zeros((B, T, 5), np.float32), pads)
+    with pytest.raises(ValueError, match="paddings"):
+        gd.one_best(graph, lp, pads[:, :3])
+    with pytest.raises(ValueError, match="paddings: padded frames"):
+        gd.one_best(graph, lp, np.array([[1, 0, 0, 0, 0]] * B, np.float32))
+    with pytest.raises(ValueError, match="grammar\\[0\\].*'D' is not in the lexicon"):
+        hlg.compile_hlg(lang, [["A", "D"]])
+    with pytest.raises(ValueError, match="key"):
+        gd.nbest(graph, lp, pads, None)
+    with pytest.raises(TypeError, match="graph"):
+        gd.one_best(object(), lp, pads)
+    with pytest.raises(ValueError, match="entries\\[0\\]: token 'z'"):
+        hlg.make_lang([("X", ("z",), 0.0)], SymbolTable.from_str(TOKENS))
+    with pytest.raises(ValueError, match="lm_scales"):
+        gd.whole_lattice_rescoring(graph, lp, pads, read_arpa(ARPA2), lm_scales=[0.0])
