@@ -1,145 +1,143 @@
 """Transcribe audio with a trained run and report WER/CER.
 
-usage: python decode.py --workdir DIR [--split NAME | --manifest FILE.jsonl | FILES_OR_FOLDERS ...]
-                        [--checkpoint best|latest|STEP] [--show N] [--output FILE.jsonl]
+  python decode.py --workdir RUN (--split NAME | --manifest FILE.jsonl | FILES_OR_FOLDERS ...) [options]
 
-  --workdir DIR       a folder written by train.py (config.json, tokenizer.json, checkpoints/)
-  --split NAME        a split of the run's config: train, dev, the demo's heldout, data.eval_manifests keys
-  --manifest FILE     any JSONL manifest (id, audio, text, ...); WER/CER when it has transcripts
-  FILES_OR_FOLDERS    audio files, or folders (transcripts from <stem>.txt / *.trans.txt when present)
-  --checkpoint        which checkpoint: best by dev WER (default; the latest if none has a WER), latest, or a step
-  --show N            print N example transcripts (default 5)
-  --output FILE       where to write per-utterance results (default DIR/decode_<split>.jsonl)
+Decoding settings default to the run config's `decode` section (jasr.config.base_config; e.g. configs/fsdd.py
+decodes with its digit lexicon and grammar); the flags below override them. Inputs are decoded in batches of the
+run's length-bucketed training shapes (a handful of compiled programs), with a progress bar on stderr; results come
+back in input order. At the end: WER/CER where references exist, the worst utterances with their ref/hyp
+alignment (all of them in OUTPUT.errors.txt), the real-time factor and throughput.
 
-Decoding is greedy: CTC best path (conformer_ctc, wav2vec2_ctc, conformer_aed with loss.type="joint"), greedy
-attention decoding (conformer_aed with loss.type="attention": up to the encoder's output frames), or Whisper's
-long-form transcription of the whole file (30 s windows, seeking on timestamps as openai-whisper; up to the model's
-448 positions per window). A hypothesis never depends on the reference: a file decodes to the same text with or
-without a transcript. Prints WER and CER against the references. A file that cannot be read (missing header,
-truncated, no samples, non-finite samples, not as long as its manifest says) is reported, one line each, written
-to the results with an "error" field and counted in WER/CER as all deletions; the others are decoded.
-A wav2vec2_pretrain run has no decoder: decode.py refuses it (its dev loss is in DIR/metrics.jsonl).
+Methods (--method): greedy (best path; AED and Whisper runs decode with their own decoders, Whisper long-form
+over the whole file), beam (CTC prefix beam search; with --lm a word n-gram LM is fused, the LM's words spelling
+the words it scores), lexicon (the beam search constrained to the words of --lexicon, with --lm or --grammar
+fused), graph (HLG decoding of --lexicon and --grammar). beam/lexicon/graph need a CTC model (conformer_ctc,
+wav2vec2_ctc). A hypothesis never depends on the reference: a file decodes to the same text with or without a
+transcript. A file that cannot be read is reported (a "failed:" line, a result with an "error" field) and counts
+in WER/CER as all deletions; the others are decoded.
+
+Outputs (--format, or the extension of --output): jsonl (id, ref, hyp, tokens, score, n-best, word timestamps
+where the method gives them, error), txt (id<TAB>text), srt / vtt (subtitles: one file, or a folder with one
+file per input), ctm (word times; CTC models).
 """
-import json
+import argparse
 import os
 import sys
 
-
-def _parse(argv):
-    opts = {"workdir": None, "split": None, "manifest": None, "checkpoint": "best", "show": 5, "output": None,
-            "files": []}
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        name, eq, val = a.partition("=")
-        key = name[2:].replace("-", "_") if name.startswith("--") else None
-        if key in opts and key != "files":
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise ValueError(f"{a}: missing value")
-                val = argv[i + 1]
-                i += 1
-            opts[key] = int(val) if key == "show" else val
-        elif a.startswith("-"):
-            raise ValueError(f"unknown option {a!r} (see --help)")
-        else:
-            opts["files"].append(a)
-        i += 1
-    if not opts["workdir"]:
-        raise ValueError("--workdir DIR is required")
-    if sum(bool(x) for x in (opts["split"], opts["manifest"], opts["files"])) != 1:
-        raise ValueError("give exactly one of --split NAME, --manifest FILE or audio files/folders")
-    return opts
+SETTINGS = {"method": str, "beam": int, "nbest": int, "lm": str, "lm_weight": float, "word_bonus": float,
+            "lexicon": str, "grammar": str, "hotword_boost": float, "token_min_logp": float}
 
 
-def _utterances(opts, cfg, root):
-    """(name, utterances to decode, records {"id", "audio", "reason"} of files whose header cannot be read);
-    utterances without a transcript carry jasr.run_data's placeholder."""
-    from jasr.audio import AudioError, audio_info
-    from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, read_folder, read_manifest
-    from jasr.run_data import split_utterances, with_placeholder_transcripts
-    bad = []
-    if opts["split"]:
-        return opts["split"], split_utterances(cfg, opts["split"], root, bad=bad), bad
-    if opts["manifest"]:
-        if not os.path.exists(opts["manifest"]):
-            raise FileNotFoundError(f"--manifest: {opts['manifest']} does not exist")
-        name = os.path.splitext(os.path.basename(opts["manifest"]))[0]
-        utts = read_manifest(opts["manifest"], allow_empty_text=True, bad=bad)
-        return name, with_placeholder_transcripts(utts), bad
-    utts, files = [], []
-    for p in opts["files"]:
-        if os.path.isdir(p):
-            try:
-                utts += read_folder(p, bad=bad)
-                continue
-            except ManifestError:        # not every file has a transcript: decode them all, unlabelled
-                files += sorted(os.path.join(d, n) for d, _, names in os.walk(p) for n in names
-                                if os.path.splitext(n)[1].lower() in AUDIO_EXTENSIONS)
-                continue
-        if not os.path.exists(p):
-            raise FileNotFoundError(f"audio file {p!r} does not exist")
-        files.append(p)
-    for p in files:
-        uid = os.path.splitext(os.path.basename(p))[0]
-        try:
-            info = audio_info(p)
-        except AudioError as e:
-            bad.append({"id": uid, "audio": os.path.abspath(p), "reason": str(e)})
-            continue
-        utts.append(Utterance(id=uid, audio_path=os.path.abspath(p), text="", duration=info.duration,
-                              sample_rate=info.sample_rate))
-    return "files", with_placeholder_transcripts(utts), bad
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"decode.py: error: {message}\n")
+
+
+def _parser():
+    p = _Parser(prog="decode.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                usage=argparse.SUPPRESS)
+    g = p.add_argument_group("model and inputs")
+    g.add_argument("--workdir", help="a folder written by train.py (config.json, tokenizer.json, checkpoints/)")
+    g.add_argument("--checkpoint", default="best",
+                   help="best by dev WER (default; the latest if none has a WER), latest, or a step number")
+    g.add_argument("--split", help="a split of the run's config: train, dev, the demo's heldout, "
+                                   "data.eval_manifests keys")
+    g.add_argument("--manifest", help="any JSONL manifest (id, audio, text, ...); WER/CER when it has transcripts")
+    g.add_argument("files", nargs="*", metavar="FILES_OR_FOLDERS",
+                   help="audio files, or folders (transcripts from <stem>.txt / *.trans.txt when present)")
+    s = p.add_argument_group("search (default: the run config's decode section)")
+    s.add_argument("--method", choices=("greedy", "beam", "lexicon", "graph"))
+    s.add_argument("--beam", type=int, help="prefixes kept per frame")
+    s.add_argument("--nbest", type=int, help="hypotheses written per utterance (<= beam)")
+    s.add_argument("--lm", metavar="FILE.arpa", help="word n-gram LM (ARPA) to fuse")
+    s.add_argument("--lm-weight", type=float, help="LM weight (alpha)")
+    s.add_argument("--word-bonus", type=float, help="bonus per word (beta; per token without a lexicon)")
+    s.add_argument("--lexicon", metavar="FILE", help="word list (first column per line), spelled by the tokenizer")
+    s.add_argument("--grammar", metavar="FILE.arpa", help="ARPA grammar (lexicon: LM when no --lm; graph: G)")
+    s.add_argument("--hotwords", action="append", metavar="PHRASE[,PHRASE...]",
+                   help="phrases to boost (repeat the flag or separate by commas)")
+    s.add_argument("--hotword-boost", type=float, help="boost per matched token of a hotword")
+    s.add_argument("--token-min-logp", type=float, help="grow prefixes only by tokens at least this likely")
+    o = p.add_argument_group("output")
+    o.add_argument("--output", help="where to write the results (default WORKDIR/decode_<split>.jsonl)")
+    o.add_argument("--format", choices=("jsonl", "txt", "srt", "vtt", "ctm"),
+                   help="output format (default: from the --output extension, else jsonl)")
+    o.add_argument("--show", type=int, default=5, help="example transcripts to print (default 5)")
+    o.add_argument("--errors", type=int, default=5, help="worst utterances to print with alignments (default 5)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _check(p, a):
+    if not a.workdir:
+        p.error("--workdir DIR is required")
+    if sum(bool(x) for x in (a.split, a.manifest, a.files)) != 1:
+        p.error("give exactly one of --split NAME, --manifest FILE or audio files/folders")
+    if a.show < 0 or a.errors < 0:
+        p.error("--show and --errors must be >= 0")
 
 
 def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
-    try:
-        opts = _parse(argv)
-    except ValueError as e:
-        print(f"decode.py: error: {e}", file=sys.stderr)
-        return 2
-    import time
+    p = _parser()
+    a = p.parse_args(argv)
+    _check(p, a)
+    overrides = {k: getattr(a, k) for k in SETTINGS}
+    if a.hotwords:
+        overrides["hotwords"] = tuple(h.strip() for x in a.hotwords for h in x.split(",") if h.strip())
 
-    from jasr.training import enable_compilation_cache, evaluate_utterances, load_run
+    from jasr import transcribe as tr
+    from jasr.errors import ConfigError
+    from jasr.manifests import ManifestError
+    from jasr.tokenizers import TokenizerError
+    from jasr.training import enable_compilation_cache, load_run
     root = os.path.dirname(os.path.abspath(__file__))
     enable_compilation_cache(root)
     try:
-        run = load_run(opts["workdir"], checkpoint=opts["checkpoint"], root=root)
-        cfg, step = run.config, run.step
+        run = load_run(a.workdir, checkpoint=a.checkpoint, root=root)
+        cfg = run.config
         if not run.task.has_decoder:
-            raise ValueError(f"{opts['workdir']} is a {cfg.model.name} run: it has no decoder to transcribe with "
-                             f"(fine-tune it with configs/wav2vec2_ctc.py; its dev loss is in metrics.jsonl)")
-        name, utts, bad = _utterances(opts, cfg, root)
-    except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"{a.workdir} is a {cfg.model.name} run: it has no decoder to transcribe with "
+                              f"(fine-tune it with configs/wav2vec2_ctc.py; its dev loss is in metrics.jsonl)")
+        settings = tr.settings_from_config(cfg, overrides, root=root)
+        name, utts, bad = tr.collect_utterances(cfg, root, split=a.split, manifest=a.manifest, paths=a.files)
+        out_path = a.output or os.path.join(a.workdir, f"decode_{name}.jsonl")
+        fmt = a.format or tr.format_from_path(out_path)
+        print(f"[decode] {len(utts) + len(bad)} utterances of {name!r} with checkpoint step {run.step} of "
+              f"{a.workdir}", flush=True)
+        m, results = tr.transcribe(run, utts, settings, bad=bad, progress=not a.no_progress)
+        written = tr.write_results(results, out_path, fmt)
+    except (ValueError, FileNotFoundError, ConfigError, ManifestError, TokenizerError) as e:
         print(f"decode.py: error: {e}", file=sys.stderr)
         return 2
-    print(f"[decode] {len(utts) + len(bad)} utterances of {name!r} with checkpoint step {step} of "
-          f"{opts['workdir']}", flush=True)
-    t0 = time.time()
-    m, results = evaluate_utterances(run, utts, bad=bad)
-    dt = time.time() - t0
-    out_path = opts["output"] or os.path.join(opts["workdir"], f"decode_{name}.jsonl")
-    with open(out_path, "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
+    print(f"[decode] method: {m['method']}")
     decoded = [r for r in results if "error" not in r]
-    for r in decoded[:opts["show"]]:
+    for r in decoded[:a.show]:
         print(f"  {r['id']}\n    ref: {r['ref']}\n    hyp: {r['hyp']}")
     failed = [r for r in results if "error" in r]
     for r in failed:
         print(f"[decode] failed: {r['id']}: {r['error']}")
-    audio_s = sum(u.duration for u in utts)
+    report = tr.error_report(results, worst=len(results))
+    err_path = None
+    if report:
+        err_path = os.path.splitext(out_path.rstrip("/"))[0] + ".errors.txt"
+        with open(err_path, "w") as f:
+            f.write(report + "\n")
+        shown = tr.error_report(results, worst=a.errors)
+        if shown:
+            print("[decode] worst utterances:\n" + "\n".join("  " + line for line in shown.splitlines()))
     line = f"[decode] {name}: {m['utterances']} utterances"
     if "wer" in m:
         line += f", WER {100 * m['wer']:.2f}%, CER {100 * m['cer']:.2f}%"
     if failed:
         line += f"; {len(failed)} files could not be read (all deletions in WER/CER; listed above, with an " \
                 f"\"error\" field in the results)"
-    line += f" ({audio_s:.0f} s of audio in {dt:.1f} s); results in {out_path}"
     print(line, flush=True)
+    if m["audio_s"]:
+        print(f"[decode] {m['audio_s']:.0f} s of audio in {m['seconds']:.1f} s: RTF {m['rtf']:.3f}, "
+              f"{m['audio_s'] / max(m['seconds'], 1e-9):.1f} audio s/s, "
+              f"{m['utterances'] / max(m['seconds'], 1e-9):.1f} utterances/s (first batches include compilation)")
+    print(f"[decode] results in {written[0] if len(written) == 1 else os.path.dirname(written[0])}"
+          + (f"; error report in {err_path}" if err_path else ""), flush=True)
     return 0
 
 

@@ -1,10 +1,16 @@
 """Real speech: the Free Spoken Digit Dataset (4 speakers, 8 kHz, isolated digits), one speaker held out for dev.
 
     python train.py --config configs/fsdd.py --workdir runs/fsdd
-    python decode.py --workdir runs/fsdd --split dev
+    python decode.py --workdir runs/fsdd --split dev                   # the decode section below: lexicon + grammar
+    python decode.py --workdir runs/fsdd --split dev --method greedy   # character best path, for comparison
 
 data.train_manifest is the shared folder's manifest (relative to the repo root); train = the other three speakers,
 dev = data.speakers_dev (speaker-independent WER). FSDD is CC BY-SA 4.0 (see its README).
+
+Decoding: the ten digit words (configs/fsdd_lexicon.txt, spelled with the character tokenizer) and a grammar of
+exactly one digit word per utterance (configs/fsdd_grammar.arpa: a bigram ARPA whose back-offs are log10 -99, so
+that no second word and no empty transcript survive). bench/fsdd_decoding.py measures every method on the held-out
+speaker (bench/results/fsdd_decoding.md).
 """
 from jasr.config import base_config
 
@@ -59,4 +65,11 @@ def get_config():
     t.checkpoint_every = 200
     t.keep_last = 2
     t.keep_best = 1
+
+    dc = c.decode
+    dc.method = "lexicon"
+    dc.lexicon = "configs/fsdd_lexicon.txt"
+    dc.grammar = "configs/fsdd_grammar.arpa"
+    dc.beam = 8
+    dc.lm_weight = 1.0
     return c

@@ -115,6 +115,20 @@ def base_config() -> ml_collections.ConfigDict:
     #                                     tokens per hypothesis; 0: the model's limit (whisper: max_target_positions
     #                                     minus the prompt; aed: the encoder's output frames of the audio bucket)
     c.train.stop_after = 0              # stop (checkpointed) after this many steps of this process (0 = no)
+
+    # decode.py's defaults for this run (its flags override them); paths relative to the repo root
+    c.decode = ml_collections.ConfigDict()
+    c.decode.method = "greedy"          # "greedy" | "beam" | "lexicon" | "graph" (beam/lexicon/graph: CTC models)
+    c.decode.beam = 16                  # prefixes kept per frame (beam, lexicon); graph: the search beam is fixed
+    c.decode.nbest = 1                  # hypotheses written per utterance (<= beam)
+    c.decode.lm = ""                    # ARPA n-gram LM (word level), fused with weight lm_weight
+    c.decode.lm_weight = 0.5
+    c.decode.word_bonus = 0.0           # added per word (per token without a lexicon)
+    c.decode.lexicon = ""               # word list (first column of each line), spelled with the run's tokenizer
+    c.decode.grammar = ""               # ARPA grammar G (lexicon: the word LM when decode.lm is empty; graph: HLG)
+    c.decode.hotwords = ()              # phrases to boost (context biasing)
+    c.decode.hotword_boost = 2.0        # per matched token
+    c.decode.token_min_logp = -10.0     # grow prefixes only by tokens at least this likely (speed; best always)
     return c
 
 
@@ -165,7 +179,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                     ) -> None:
     """Raises :class:`ConfigError` naming the first bad key or value. Checks files exist if `check_paths`."""
     _check_keys(cfg, base_config(), "")
-    d, o, t, l = cfg.data, cfg.optim, cfg.train, cfg.loss
+    d, o, t, ls = cfg.data, cfg.optim, cfg.train, cfg.loss
     _require(d.feature in ("fbank", "mfcc", "whisper", "raw"),
              f"config 'data.feature' must be 'fbank', 'mfcc', 'whisper' or 'raw', got {d.feature!r}")
     _require(d.normalize in ("none", "utterance"), f"config 'data.normalize' must be 'none' or 'utterance', "
@@ -200,10 +214,10 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     if not d.demo:
         _require(bool(d.train_manifest), "config 'data.train_manifest' is empty (set it, or data.demo=True)")
     family(cfg.model.get("name"))   # a ConfigError naming the registered families if it is none of them
-    _require(l.type in LOSSES, f"config 'loss.type' must be one of {LOSSES}, got {l.type!r}")
-    _require(0.0 <= l.ctc_weight <= 1.0, f"config 'loss.ctc_weight' must be in [0, 1], got {l.ctc_weight}")
-    _require(0.0 <= l.label_smoothing < 1.0, f"config 'loss.label_smoothing' must be in [0, 1), "
-                                             f"got {l.label_smoothing}")
+    _require(ls.type in LOSSES, f"config 'loss.type' must be one of {LOSSES}, got {ls.type!r}")
+    _require(0.0 <= ls.ctc_weight <= 1.0, f"config 'loss.ctc_weight' must be in [0, 1], got {ls.ctc_weight}")
+    _require(0.0 <= ls.label_smoothing < 1.0, f"config 'loss.label_smoothing' must be in [0, 1), "
+                                             f"got {ls.label_smoothing}")
     _require(o.lr > 0, f"config 'optim.lr' must be > 0, got {o.lr}")
     _require(o.schedule in ("cosine", "noam", "constant"),
              f"config 'optim.schedule' must be 'cosine', 'noam' or 'constant', got {o.schedule!r}")
@@ -229,12 +243,13 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                                         f"got {t.precision!r}")
     _require(t.max_eval_batches >= 0 and t.stop_after >= 0, "config 'train.max_eval_batches' and "
                                                             "'train.stop_after' must be >= 0")
-    _require(0 < l.min_gumbel_temperature <= l.max_gumbel_temperature,
-             f"config 'loss.min_gumbel_temperature'={l.min_gumbel_temperature} must be > 0 and <= "
-             f"'loss.max_gumbel_temperature'={l.max_gumbel_temperature}")
-    _require(0 < l.gumbel_temperature_decay <= 1.0, f"config 'loss.gumbel_temperature_decay' must be in (0, 1], "
-                                                   f"got {l.gumbel_temperature_decay}")
+    _require(0 < ls.min_gumbel_temperature <= ls.max_gumbel_temperature,
+             f"config 'loss.min_gumbel_temperature'={ls.min_gumbel_temperature} must be > 0 and <= "
+             f"'loss.max_gumbel_temperature'={ls.max_gumbel_temperature}")
+    _require(0 < ls.gumbel_temperature_decay <= 1.0, f"config 'loss.gumbel_temperature_decay' must be in (0, 1], "
+                                                   f"got {ls.gumbel_temperature_decay}")
     _require(t.max_decode_tokens >= 0, f"config 'train.max_decode_tokens' must be >= 0, got {t.max_decode_tokens}")
+    check_decode(cfg.decode)
     if t.init_from and check_paths:
         root = repo_root or os.getcwd()
         full = t.init_from if os.path.isabs(t.init_from) else os.path.join(root, t.init_from)
@@ -246,6 +261,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
         paths = [("data.train_manifest", d.train_manifest), ("data.dev_manifest", d.dev_manifest),
                  ("train.init_from", t.init_from)]
         paths += [(f"data.eval_manifests.{k}", v) for k, v in d.eval_manifests.items()]
+        paths += [(f"decode.{k}", cfg.decode[k]) for k in ("lm", "lexicon", "grammar")]
         for key, p in paths:
             if p and not (d.demo and key.startswith("data.")):
                 full = p if os.path.isabs(p) else os.path.join(root, p)
@@ -254,6 +270,26 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
             full = d.tokenizer if os.path.isabs(d.tokenizer) else os.path.join(root, d.tokenizer)
             _require(os.path.exists(full), f"config 'data.tokenizer': {d.tokenizer!r} is neither 'char' nor an "
                                            f"existing file")
+
+
+DECODE_METHODS = ("greedy", "beam", "lexicon", "graph")
+
+
+def check_decode(dc: ml_collections.ConfigDict, prefix: str = "config 'decode.") -> None:
+    """Checks decoding settings (a config's decode section, or decode.py's flags merged into it); raises
+    ConfigError naming the key (`prefix` + key + "'")."""
+    def req(cond, key, msg):
+        _require(cond, f"{prefix}{key}' {msg}")
+    req(dc.method in DECODE_METHODS, "method", f"must be one of {DECODE_METHODS}, got {dc.method!r}")
+    req(dc.beam >= 1, "beam", f"must be >= 1, got {dc.beam}")
+    req(1 <= dc.nbest <= dc.beam, "nbest", f"must be in [1, beam={dc.beam}], got {dc.nbest}")
+    req(dc.lm_weight >= 0, "lm_weight", f"must be >= 0, got {dc.lm_weight}")
+    req(dc.token_min_logp <= 0, "token_min_logp", f"must be <= 0 (a log-probability), got {dc.token_min_logp}")
+    req(all(isinstance(h, str) and h.strip() for h in dc.hotwords), "hotwords",
+        f"must be non-empty phrases, got {tuple(dc.hotwords)}")
+    req(dc.method != "lexicon" or dc.lexicon, "lexicon", "is needed by method 'lexicon' (a word list)")
+    req(dc.method != "graph" or (dc.lexicon and (dc.grammar or dc.lm)), "grammar",
+        "(or 'decode.lm') and 'decode.lexicon' are needed by method 'graph' (HLG = lexicon o grammar)")
 
 
 # ------------------------------------------------------------------------------------------------------------
