@@ -319,9 +319,9 @@ def _result(uid: str, ref: str, duration: float, row: dict, tok, searcher: Searc
         res["score"] = row["score"]
     if len(row["nbest"]) > 1:
         res["nbest"] = [{"text": _text(tok, t), "score": s} for t, s in row["nbest"]]
-    if searcher is not None and row["tokens"]:
+    if searcher is not None:
         words = word_timestamps(row["tokens"], row["frames"], searcher.boundary_ids, searcher.word_start_ids,
-                                frame_shift=shift, num_frames=row["num_frames"])
+                                frame_shift=shift, num_frames=row["num_frames"]) if row["tokens"] else []
         res["words"] = [{"word": _text(tok, w), "start": round(s, 3), "end": round(min(e, duration), 3)}
                         for w, s, e in words if _text(tok, w)]
     return res

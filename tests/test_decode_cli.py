@@ -1,0 +1,162 @@
+"""decode.py as a transcriber (issue 23), on one tiny Conformer-CTC run trained for two steps on FSDD digits (module
+fixture, through jasr.training.train with configs/fsdd.py's decode section: digit lexicon + one-word grammar):
+every method runs, outputs parse (JSONL, text, SRT/WebVTT with monotone times, CTM), results come back in input
+order, the config's decode settings are the default and flags override them, bad flags are one-line exit-2 errors."""
+import importlib.util
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from jasr.config import apply_override, load_config_file
+from jasr.training import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FSDD = os.path.join(ROOT, "..", "shared", "data", "fsdd")
+DIGITS = {"ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE"}
+
+_spec = importlib.util.spec_from_file_location("decode_cli", os.path.join(ROOT, "decode.py"))
+decode_cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(decode_cli)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(workdir, manifest path, utterance ids in manifest order) of a tiny FSDD run."""
+    d = tmp_path_factory.mktemp("decode_cli")
+    with open(os.path.join(FSDD, "manifest.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    picked = [r for r in recs if r["id"].endswith(("_george_0", "_george_1"))]   # the 10 digits, twice
+    picked = picked[::-1]            # not sorted by id or length: the order must come back as given
+    rows = [{**r, "audio": os.path.abspath(os.path.join(FSDD, r["audio"]))} for r in picked]
+    manifest = str(d / "digits.jsonl")
+    with open(manifest, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config_file(os.path.join(ROOT, "configs", "fsdd.py"))
+    for k, v in {"data.train_manifest": manifest, "data.dev_manifest": manifest, "data.speakers_dev": "()",
+                 "data.speed_perturb": "()", "data.gain_db": "()", "data.spec_augment": "False",
+                 "data.max_frames": "2400", "data.num_buckets": "1", "model.d_model": "32", "model.num_layers": "1",
+                 "model.num_heads": "2", "model.ff_mult": "2", "model.conv_kernel": "7",
+                 "model.subsampling_channels": "8", "optim.warmup_steps": "0", "optim.schedule": "constant",
+                 "train.num_steps": "2", "train.log_every": "1", "train.eval_every": "2",
+                 "train.checkpoint_every": "2", "train.progress": "False", "train.tensorboard": "False",
+                 "train.async_checkpoint": "False"}.items():
+        apply_override(cfg, k, v)
+    workdir = str(d / "run")
+    train(cfg, workdir, root=ROOT)
+    return workdir, manifest, [r["id"] for r in rows]
+
+
+def decode(capsys, *args):
+    """(exit code, stdout, stderr) of decode.py in this process."""
+    try:
+        rc = decode_cli.main(["--no-progress", *map(str, args)])
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_config_decode_section_is_the_default_and_flags_override(run, tmp_path, capsys):
+    workdir, manifest, ids = run
+    out_path = tmp_path / "lex.jsonl"
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path)
+    assert rc == 0, err
+    assert "method: lexicon (CTC prefix beam search, beam 8, constrained to 10 lexicon words, word 2-gram LM " \
+           "fsdd_grammar.arpa" in out
+    res = read_jsonl(out_path)
+    assert [r["id"] for r in res] == ids                                   # input order, not length order
+    for r in res:         # lexicon words only (a two-step model is no good: the grammar's penalty comes too late)
+        assert set(r["hyp"].split()) <= DIGITS and [w["word"] for w in r["words"]] == r["hyp"].split()
+        times = [t for w in r["words"] for t in (w["start"], w["end"])]
+        assert times == sorted(times) and all(0 <= t <= r["duration"] + 1e-6 for t in times)
+    assert "WER" in out and "RTF" in out and os.path.exists(tmp_path / "lex.errors.txt") == ("worst" in out)
+    rc, out, _ = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path,
+                        "--method", "greedy")
+    assert rc == 0 and "method: greedy (CTC best path)" in out
+    assert [r["id"] for r in read_jsonl(out_path)] == ids
+
+
+def test_beam_nbest_and_lm_beam(run, tmp_path, capsys):
+    workdir, manifest, ids = run
+    out_path = tmp_path / "beam.jsonl"
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path,
+                          "--method", "beam", "--beam", "4", "--nbest", "3", "--hotwords", "ONE,TWO")
+    assert rc == 0, err
+    res = read_jsonl(out_path)
+    assert [r["id"] for r in res] == ids
+    for r in res:
+        scores = [h["score"] for h in r.get("nbest", [{"score": r["score"]}])]
+        assert scores == sorted(scores, reverse=True) and len(scores) <= 3
+        assert r["nbest"][0]["text"] == r["hyp"] if "nbest" in r else True
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path,
+                          "--method", "beam", "--lm", os.path.join(ROOT, "configs", "fsdd_grammar.arpa"),
+                          "--lexicon", "", "--lm-weight", "2.0")
+    assert rc == 0, err
+    assert "10 lexicon words, word 2-gram LM fsdd_grammar.arpa x 2" in out   # the LM's words spell its words
+
+
+def test_formats_files_in_order_and_an_unreadable_file(run, tmp_path, capsys):
+    workdir, manifest, ids = run
+    rows = read_jsonl(manifest)
+    files = [r["audio"] for r in rows[:4]][::-1]
+    broken = tmp_path / "broken.wav"
+    shutil.copy(files[0], broken)
+    with open(broken, "r+b") as f:
+        f.truncate(30)                                          # not even a whole header
+    args = ("--workdir", workdir, *files, str(broken))
+    want = [os.path.splitext(os.path.basename(p))[0] for p in files]
+
+    rc, out, err = decode(capsys, *args, "--output", tmp_path / "out.txt")
+    assert rc == 0, err
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert [line.split("\t")[0] for line in lines] == want + ["broken"]
+    assert "failed: broken" in out
+
+    rc, out, err = decode(capsys, *args, "--output", tmp_path / "out.ctm")
+    assert rc == 0, err
+    ctm = [line.split() for line in (tmp_path / "out.ctm").read_text().splitlines()]
+    assert [c[0] for c in ctm] == sorted([c[0] for c in ctm], key=want.index)    # digit words, files in order
+    assert set(c[0] for c in ctm) == set(want)
+    for uid, ch, start, dur, word in ctm:
+        assert ch == "1" and float(start) >= 0 and float(dur) >= 0 and word in DIGITS
+
+    def seconds(stamp):
+        h, m, s = stamp.replace(",", ".").split(":")
+        return 3600 * int(h) + 60 * int(m) + float(s)
+
+    for fmt in ("srt", "vtt"):
+        rc, out, err = decode(capsys, *args, "--output", tmp_path / fmt, "--format", fmt)
+        assert rc == 0, err
+        for uid in want:
+            text = (tmp_path / fmt / f"{uid}.{fmt}").read_text()
+            assert text.startswith("WEBVTT") == (fmt == "vtt")
+            stamps = re.findall(r"(\d\d:\d\d:\d\d[.,]\d{3}) --> (\d\d:\d\d:\d\d[.,]\d{3})", text)
+            assert stamps and ("," in stamps[0][0]) == (fmt == "srt")
+            times = [seconds(t) for pair in stamps for t in pair]
+            assert times == sorted(times)
+    rc, out, err = decode(capsys, "--workdir", workdir, files[0], "--output", tmp_path / "one.srt")
+    assert rc == 0 and (tmp_path / "one.srt").read_text().startswith("1\n00:00:0")
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--method", "viterbi"), "invalid choice: 'viterbi'"),
+    (("--beam", "0"), "decode setting 'beam' must be >= 1"),
+    (("--beam", "2", "--nbest", "3"), "decode setting 'nbest' must be in [1, beam=2]"),
+    (("--lm", "missing.arpa"), "decode setting 'lm': 'missing.arpa' does not exist"),
+    (("--method", "lexicon", "--lexicon", ""), "decode setting 'lexicon' is needed by method 'lexicon'"),
+    (("--format", "ctm", "--method", "greedy", "--beam", "x"), "invalid int value: 'x'"),
+])
+def test_bad_flags_are_exit_2(run, capsys, args, match):
+    workdir, manifest, _ = run
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, *args)
+    assert rc == 2 and match in err and err.startswith("decode.py: error:") and len(err.strip().splitlines()) == 1
+    rc, _, err = decode(capsys, "--manifest", manifest)
+    assert rc == 2 and "--workdir" in err
