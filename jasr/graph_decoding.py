@@ -150,7 +150,8 @@ def _hypothesis(lang, spell, words_per_arc, label, token, frame, am, lm, lm_scal
 
 
 def _hyps_from_paths(paths: Fsa, lang, lm_scale: float = 1.0) -> List[GraphHypothesis]:
-    """Linear paths from an HLG lattice (arcs in path order, attributes aux_labels / tokens / frame / lm_scores)."""
+    """Linear paths from an HLG lattice (arcs in path order, attributes aux_labels / tokens / frame / lm_scores,
+    the latter scaled by `lm_scale` in the search: reported unscaled)."""
     na, ns = np.asarray(paths.num_arcs), np.asarray(paths.num_states)
     label, score = np.asarray(paths.label), np.asarray(jax.lax.stop_gradient(paths.score), np.float64)
     aux = paths.attrs["aux_labels"]
@@ -165,7 +166,7 @@ def _hyps_from_paths(paths: Fsa, lang, lm_scale: float = 1.0) -> List[GraphHypot
             continue
         fr = np.where(label[b, :n] >= 0, frame[b, :n], -1)
         out.append(_hypothesis(lang, spell, rows[b][:n], label[b, :n], tok[b, :n], fr, score[b, :n] - lm[b, :n],
-                               lm[b, :n], lm_scale))
+                               lm[b, :n] / lm_scale, lm_scale))
     return out
 
 
@@ -176,7 +177,7 @@ def one_best(graph: DecodingGraph, log_probs, paddings, *, search_beam: float = 
     where no path survives). log_probs [B, T, V] (V = graph.num_tokens), paddings [B, T]."""
     lat = get_lattice(graph, log_probs, paddings, search_beam=search_beam, output_beam=output_beam,
                       min_active_states=min_active_states, max_active_states=max_active_states, lm_scale=lm_scale)
-    return _hyps_from_paths(shortest_path(lat, use_double_scores=False), graph.lang)
+    return _hyps_from_paths(shortest_path(lat, use_double_scores=False), graph.lang, lm_scale)
 
 
 # ------------------------------------------------------------------ n-best

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -34,8 +34,8 @@ from jasr.lexicon import word_boundaries
 from jasr.ngram import NgramLM, ngram_to_fsa
 
 __all__ = ["LexiconEntry", "Lang", "DecodingGraph", "read_lexicon", "lexicon_text", "lexicon_from_words",
-           "tokens_from_tokenizer", "add_disambig_symbols", "make_lang", "lang_from_tokenizer", "lexicon_fst",
-           "grammar_fsa", "compile_lg", "compile_hlg", "compile_tlg", "SPACE"]
+           "tokens_from_tokenizer", "add_disambig_symbols", "make_lang", "lang_from_tokenizer", "save_lang",
+           "load_lang", "lexicon_fst", "grammar_fsa", "compile_lg", "compile_hlg", "compile_tlg", "SPACE"]
 
 LexiconEntry = Tuple[str, Tuple[str, ...], float]
 SPACE = "<space>"          # tokens.txt symbol of a character tokenizer's space (symbols cannot hold whitespace)
@@ -82,7 +82,7 @@ def lexicon_text(entries: Sequence[LexiconEntry], with_probs: bool = False) -> s
     """The lexicon as ``lexicon.txt`` (or ``lexiconp.txt``) text."""
     lines = []
     for w, toks, sc in entries:
-        lines.append(" ".join([w] + ([f"{float(np.exp(sc)):.6g}"] if with_probs else []) + list(toks)))
+        lines.append(" ".join([w] + ([f"{float(np.exp(sc)):.17g}"] if with_probs else []) + list(toks)))
     return "".join(line + "\n" for line in lines)
 
 
@@ -176,10 +176,11 @@ class Lang:
 
 
 def make_lang(entries: Sequence[LexiconEntry], tokens: SymbolTable, *, boundary_tokens: Sequence[str] = (),
-              word_boundary: str = "optional") -> Lang:
+              word_boundary: str = "optional", words: Optional[SymbolTable] = None) -> Lang:
     """The lang of `entries` (as `read_lexicon` gives) over `tokens` (tokens.txt: id 0 the blank; any ``#k``
     symbols already there are kept and missing ones appended). `boundary_tokens`: symbols of word-boundary tokens
-    (e.g. ``<space>``), never part of a spelling."""
+    (e.g. ``<space>``), never part of a spelling. `words`: a words.txt to keep (every lexicon word below ``#0``,
+    which is added after the largest id with ``<s>`` and ``</s>`` when absent); default: the words in order."""
     if word_boundary not in ("optional", "required"):
         raise ValueError(f"word_boundary: expected 'optional' or 'required', got {word_boundary!r}")
     if not isinstance(tokens, SymbolTable):
@@ -216,12 +217,21 @@ def make_lang(entries: Sequence[LexiconEntry], tokens: SymbolTable, *, boundary_
                 raise ValueError(f"tokens: {s} has id {table[s]}, below a real token's id")
         else:
             table.add(s, max(table.ids) + 1)
-    words = SymbolTable()
-    for w, _, _ in entries:
-        if w not in words:
-            words.add(w)
+    if words is None:
+        words = SymbolTable()
+        for w, _, _ in entries:
+            if w not in words:
+                words.add(w)
+    else:
+        if not isinstance(words, SymbolTable):
+            raise TypeError(f"words: expected an fsa_ops.SymbolTable (words.txt), got {type(words).__name__}")
+        words = SymbolTable.from_str(words.to_str())
     for s in SPECIAL_WORDS[1:]:
-        words.add(s)
+        if s not in words:
+            words.add(s, max(words.ids) + 1)
+    for w, _, _ in entries:
+        if w not in words or words[w] >= words["#0"]:
+            raise ValueError(f"words: the lexicon word {w!r} is {'absent' if w not in words else 'not below #0'}")
     return Lang(tuple(entries), tuple(dis), table, words, num_tokens, max_k, tuple(boundary_ids), word_boundary)
 
 
@@ -233,6 +243,37 @@ def lang_from_tokenizer(words_or_entries: Sequence, tokenizer: Any, *, word_boun
     entries = lexicon_from_words(items, tokenizer) if all(isinstance(w, str) for w in items) else items
     bounds = [table[i] for i in word_boundaries(tokenizer)[0]]
     return make_lang(entries, table, boundary_tokens=bounds, word_boundary=word_boundary)
+
+
+def save_lang(lang: Lang, directory: Union[str, os.PathLike]) -> None:
+    """Write icefall's lang directory: lexicon.txt, lexiconp.txt, lexicon_disambig.txt, tokens.txt, words.txt, and
+    word_boundary.txt (the mode and the boundary token symbols, one line) that `load_lang` reads back."""
+    d = os.fspath(directory)
+    os.makedirs(d, exist_ok=True)
+    files = {"lexicon.txt": lexicon_text(lang.entries), "lexiconp.txt": lexicon_text(lang.entries, True),
+             "lexicon_disambig.txt": lexicon_text(lang.disambig_entries), "tokens.txt": lang.tokens.to_str(),
+             "words.txt": lang.words.to_str(),
+             "word_boundary.txt": " ".join([lang.word_boundary] + [lang.tokens[i] for i in lang.boundary_ids]) + "\n"}
+    for name, text in files.items():
+        with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def load_lang(directory: Union[str, os.PathLike]) -> Lang:
+    """A lang directory (icefall's or `save_lang`'s): lexiconp.txt (else lexicon.txt), tokens.txt, words.txt if
+    present, word_boundary.txt if present (else no boundary tokens)."""
+    d = os.fspath(directory)
+    path = lambda name: os.path.join(d, name)     # noqa: E731
+    probs = os.path.exists(path("lexiconp.txt"))
+    entries = read_lexicon(path("lexiconp.txt" if probs else "lexicon.txt"), with_probs=probs)
+    tokens = SymbolTable.from_file(path("tokens.txt"))
+    words = SymbolTable.from_file(path("words.txt")) if os.path.exists(path("words.txt")) else None
+    mode, bounds = "optional", []
+    if os.path.exists(path("word_boundary.txt")):
+        with open(path("word_boundary.txt"), encoding="utf-8") as f:
+            fields = f.read().split()
+        mode, bounds = (fields[0], fields[1:]) if fields else (mode, bounds)
+    return make_lang(entries, tokens, boundary_tokens=bounds, word_boundary=mode, words=words)
 
 
 def lexicon_fst(lang: Lang, disambig: bool = True) -> Fsa:

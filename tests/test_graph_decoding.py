@@ -106,11 +106,15 @@ def brute_force(lang, lp, n, lm, star=False):
     `star`: each token sequence read only as its best words (by pron + LM score): the pairs that a tropical LG is
     sure to keep (k2's remove_epsilon may drop a homophone reading that loses to another on the same token
     sequence, so a lattice's best path for words W lies between the `star` and the full reference)."""
-    out = {}
+    out, lm_cache = {}, {}
     for seq in itertools.product(range(lp.shape[1]), repeat=n):
         toks = tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
         am = float(sum(lp[t, k] for t, k in enumerate(seq)))
-        reads = [(pron + lm.score_sentence(list(words)), words, pron) for words, pron in segmentations(lang, toks)]
+        reads = []
+        for words, pron in segmentations(lang, toks):
+            if words not in lm_cache:
+                lm_cache[words] = lm.score_sentence(list(words))
+            reads.append((pron + lm_cache[words], words, pron))
         for g, words, pron in ([max(reads)] if star and reads else reads):      # (no words: G's <s> </s> path)
             if am + g > out.get(words, (-math.inf,))[0]:
                 out[words] = (am + g, am, pron, seq)
@@ -141,7 +145,7 @@ def references(lang, inputs, lms):
              brute_force(lang, lp[b], int(T - pads[b].sum()), lms[0], star=True)) for b in range(B)]
 
 
-def test_lang_tables_and_disambiguation(lang):
+def test_lang_tables_and_disambiguation(lang, tmp_path):
     assert lang.disambig_entries == (("A", ("a", "#1"), 0.0), ("AB", ("a", "b"), 0.0),
                                      ("C", ("c", "#1"), 0.0), ("SEA", ("c", "#2"), pytest.approx(math.log(0.6))),
                                      ("SEA", ("c", "a"), pytest.approx(math.log(0.4))), ("BC", ("b", "c"), 0.0))
@@ -156,6 +160,17 @@ def test_lang_tables_and_disambiguation(lang):
     char = hlg.lang_from_tokenizer(["one", "two", "on"], tok)
     assert char.boundary_ids == (tok.chars.index(" ") + 1,) and char.tokens[char.boundary_ids[0]] == hlg.SPACE
     assert char.disambig_entries[2] == ("on", ("o", "n", "#1"), 0.0)
+    # the lang directory round trip (icefall's files plus word_boundary.txt)
+    for lg in (lang, hlg.lang_from_tokenizer(["one", "two", "on"], tok, word_boundary="required")):
+        d = tmp_path / str(len(lg.entries))
+        hlg.save_lang(lg, d)
+        assert {p.name for p in d.iterdir()} >= {"lexicon.txt", "lexicon_disambig.txt", "tokens.txt", "words.txt"}
+        back = hlg.load_lang(d)
+        assert [e[:2] for e in back.disambig_entries] == [e[:2] for e in lg.disambig_entries]
+        assert [e[2] for e in back.entries] == pytest.approx([e[2] for e in lg.entries], abs=1e-12)
+        assert back.tokens == lg.tokens
+        assert back.words == lg.words and back.boundary_ids == lg.boundary_ids
+        assert back.word_boundary == lg.word_boundary
 
 
 def test_one_best_equals_brute_force(lang, graph, inputs, references):
@@ -171,6 +186,31 @@ def test_one_best_equals_brute_force(lang, graph, inputs, references):
         assert h.lm_score == pytest.approx(score - am, abs=1e-4)
         assert h.tokens == tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
         assert h.word_frames == spans(lang, words, seq)
+    # the graph scaled in the search (lm_scale): the best of am + 0.5 (pron + LM); a token sequence's best
+    # reading does not depend on the scale
+    for h, (_, star) in zip(gd.one_best(graph, lp, pads, lm_scale=0.5, **SEARCH), references):
+        words, (score, am, _, _) = max(star.items(), key=lambda kv: kv[1][1] + 0.5 * (kv[1][0] - kv[1][1]))
+        assert h.words == words and h.am_score == pytest.approx(am, abs=1e-4)
+        assert h.lm_score == pytest.approx(score - am, abs=1e-4)
+        assert h.total_score == pytest.approx(am + 0.5 * (score - am), abs=1e-4)
+
+
+@pytest.mark.parametrize("modified", [False, True])
+def test_peaky_alignment_words_and_frames(lang, lms, modified):
+    """Near one-hot log-probs for the labelling a _ b b c (+ padding): standard and modified CTC topologies give
+    the brute-force best reading of the tokens a b c and the frames of its words."""
+    seq = (1, 0, 2, 2, 3)
+    lp = np.full((1, T + 1, V), np.log(0.01 / (V - 1)), np.float32)
+    lp[0, np.arange(T), seq] = np.log(0.99)
+    pads = np.zeros((1, T + 1), np.float32)
+    pads[0, T] = 1.0
+    g = hlg.compile_hlg(lang, lms[0], modified=modified)
+    h, = gd.one_best(g, lp, pads, **SEARCH)
+    ref = brute_force(lang, lp[0], T, lms[0], star=True)
+    words, (score, _, _, best_seq) = max(ref.items(), key=lambda kv: kv[1][0])
+    assert best_seq == seq and h.words == words and h.tokens == (1, 2, 3)
+    assert h.total_score == pytest.approx(score, abs=1e-4)
+    assert h.word_frames == spans(lang, words, seq)
 
 
 def test_nbest_lists_equal_brute_force(graph, inputs, references):
@@ -200,6 +240,7 @@ def test_rescoring_equals_brute_force(lang, graph, inputs, references, lms):
     sampled = [hs for hs in gd.nbest(graph, lp, pads, jax.random.PRNGKey(1), num_paths=300,
                                                         nbest_scale=0.2, **SEARCH)]
     assert sorted(nb) == sorted(wl) == ["lm_scale_0.5", "lm_scale_1.0"]
+    exact = 0
     for s in scales:
         for b in range(B):
             n = int(T - pads[b].sum())
@@ -219,6 +260,8 @@ def test_rescoring_equals_brute_force(lang, graph, inputs, references, lms):
             assert h.am_score <= full[h.words][1] + 1e-4
             if lo == pytest.approx(hi, abs=1e-6):
                 assert h.words == max(full, key=lambda w: full[w][1] + s * lm2.score_sentence(list(w)))
+                exact += 1
+    assert exact >= 1
 
 
 def test_attention_rescoring_equals_brute_force(graph, inputs, references):
@@ -295,3 +338,55 @@ def test_errors_name_the_argument(lang, graph, inputs):
         hlg.make_lang([("X", ("z",), 0.0)], SymbolTable.from_str(TOKENS))
     with pytest.raises(ValueError, match="lm_scales"):
         gd.whole_lattice_rescoring(graph, lp, pads, read_arpa(ARPA2), lm_scales=[0.0])
+
+
+ARPA3 = """\\data\\
+ngram 1=6
+ngram 2=3
+
+\\1-grams:
+-0.9 </s>
+-99 <s> -0.2
+-0.8 A -0.3
+-1.0 BA -0.2
+-0.7 CA -0.1
+-1.2 CB -0.3
+
+\\2-grams:
+-0.3 <s> CB
+-0.2 CB A
+-0.4 A </s>
+
+\\end\\
+"""
+
+
+def test_word_loop_and_rescoring_exact():
+    """A prefix-free lexicon (one reading per token sequence): the free word loop's one-best is the best acoustic
+    labelling that spells words, and both rescorings equal brute force exactly."""
+    lang = hlg.make_lang(hlg.read_lexicon("A a\nBA b a\nCA c a\nCB c b\n"), SymbolTable.from_str(TOKENS))
+    assert lang.max_disambig == 0
+    g = hlg.compile_hlg(lang, None)
+    lm = read_arpa(ARPA3)
+    flat = read_arpa("\\data\\\nngram 1=6\n\n\\1-grams:\n0 </s>\n-99 <s>\n0 A\n0 BA\n0 CA\n0 CB\n\n\\end\\\n")
+    rng = np.random.default_rng(5)
+    lp = np.log(rng.dirichlet(np.ones(V) * 0.5, size=(B, T))).astype(np.float32)
+    pads = np.zeros((B, T), np.float32)
+    pads[0, 4:] = 1.0
+    first = gd.one_best(g, lp, pads, **SEARCH)
+    wl = gd.whole_lattice_rescoring(g, lp, pads, lm, lm_scales=[0.7], **SEARCH)["lm_scale_0.7"]
+    nb = gd.nbest_rescoring(g, lp, pads, lm, jax.random.PRNGKey(4), lm_scales=[0.7], num_paths=300, nbest_scale=0.2,
+                            **SEARCH)["lm_scale_0.7"]
+    lists = gd.nbest(g, lp, pads, jax.random.PRNGKey(4), num_paths=300, nbest_scale=0.2, **SEARCH)
+    for b in range(B):
+        ref = brute_force(lang, lp[b], int(T - pads[b].sum()), flat)       # LM score 0: acoustic only
+        words, (am, *_) = max(ref.items(), key=lambda kv: kv[1][0])
+        assert first[b].words == words and first[b].total_score == pytest.approx(am, abs=1e-4)
+        assert first[b].lm_score == 0.0
+        exp = max((a + 0.7 * lm.score_sentence(list(w)), w) for w, (a, *_) in ref.items())
+        assert wl[b].words == exp[1] and wl[b].total_score == pytest.approx(exp[0], abs=1e-4)
+        assert wl[b].lm_score == pytest.approx(lm.score_sentence(list(exp[1])), abs=1e-4)
+        assert {h.words: h.am_score for h in lists[b]} == pytest.approx({w: ref[w][0] for w in
+                                                                          {h.words for h in lists[b]}}, abs=1e-4)
+        exp = max((ref[h.words][0] + 0.7 * lm.score_sentence(list(h.words)), h.words) for h in lists[b])
+        assert nb[b].words == exp[1] and nb[b].total_score == pytest.approx(exp[0], abs=1e-4)
