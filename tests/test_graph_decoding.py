@@ -197,20 +197,19 @@ def test_one_best_equals_brute_force(lang, graph, inputs, references):
 
 @pytest.mark.parametrize("modified", [False, True])
 def test_peaky_alignment_words_and_frames(lang, lms, modified):
-    """Near one-hot log-probs for the labelling a _ b b c (+ padding): standard and modified CTC topologies give
-    the brute-force best reading of the tokens a b c and the frames of its words."""
+    """Near one-hot log-probs for the labelling a _ b b c: standard and modified CTC topologies give the
+    brute-force best reading of the tokens a b c and the frames of its words."""
     seq = (1, 0, 2, 2, 3)
-    lp = np.full((1, T + 1, V), np.log(0.01 / (V - 1)), np.float32)
-    lp[0, np.arange(T), seq] = np.log(0.99)
-    pads = np.zeros((1, T + 1), np.float32)
-    pads[0, T] = 1.0
+    lp = np.full((B, T, V), np.log(0.01 / (V - 1)), np.float32)
+    lp[:, np.arange(T), seq] = np.log(0.99)
     g = hlg.compile_hlg(lang, lms[0], modified=modified)
-    h, = gd.one_best(g, lp, pads, **SEARCH)
+    hyps = gd.one_best(g, lp, np.zeros((B, T), np.float32), **SEARCH)
     ref = brute_force(lang, lp[0], T, lms[0], star=True)
     words, (score, _, _, best_seq) = max(ref.items(), key=lambda kv: kv[1][0])
-    assert best_seq == seq and h.words == words and h.tokens == (1, 2, 3)
-    assert h.total_score == pytest.approx(score, abs=1e-4)
-    assert h.word_frames == spans(lang, words, seq)
+    assert best_seq == seq and hyps[0] == hyps[1] == hyps[2]
+    assert hyps[0].words == words and hyps[0].tokens == (1, 2, 3)
+    assert hyps[0].total_score == pytest.approx(score, abs=1e-4)
+    assert hyps[0].word_frames == spans(lang, words, seq)
 
 
 def test_nbest_lists_equal_brute_force(graph, inputs, references):
@@ -304,18 +303,18 @@ def test_one_word_grammar_char_model():
     pads = np.zeros((4, 12), np.float32)
     pads[3, 9:] = 1.0
     search = dict(search_beam=20.0, output_beam=8.0, min_active_states=10, max_active_states=40)
-    for mode in ("optional", "required"):
+    # the grammar as a list of sentences (boundaries required between words) and as OpenFst text with word
+    # symbols (optional boundaries)
+    text = "".join(f"0 1 {w}\n" for w in words) + "1\n"
+    for mode, grammar in (("required", [[w] for w in words]), ("optional", text)):
         lang = hlg.lang_from_tokenizer(words, tok, word_boundary=mode)
-        g = hlg.compile_hlg(lang, [[w] for w in words])
-        for h in gd.one_best(g, lp, pads, **search):
+        g = hlg.compile_hlg(lang, grammar)
+        for h, n in zip(gd.one_best(g, lp, pads, **search), (12, 12, 12, 9)):
             assert len(h.words) == 1 and h.words[0] in words
             spelled = tuple(i for i in h.tokens if i not in lang.boundary_ids)
             assert tok.decode(list(spelled)) == h.words[0]
-    # the same grammar as OpenFst text with word symbols, and a free word loop (any number of words)
-    lang = hlg.lang_from_tokenizer(words, tok)
-    text = "".join(f"0 1 {w}\n" for w in words) + "1\n"
-    for h in gd.one_best(hlg.compile_hlg(lang, text), lp, pads, **search):
-        assert len(h.words) == 1
+            assert 0 <= h.word_frames[0][0] <= h.word_frames[0][1] < n
+    # a free word loop: any number of words
     for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **search):
         assert h.words and all(w in words for w in h.words)
 
