@@ -19,11 +19,12 @@ import numpy as np
 from jasr import losses
 from jasr.errors import ConfigError
 from jasr.features import FeatureConfig
-from jasr.tasks.base import Task, model_fields, read_hf_config, require
+from jasr.tasks.base import SearchOptions, Task, model_fields, read_hf_config, require
 from jasr.tokenizers import WhisperTokenizer, normalize_whitespace
 from models.hf_io import load_state_dict
 from models.whisper import WhisperConfig, WhisperModel
-from models.whisper_generate import DecodeOptions, GenerationSettings, generate_from_encoder, transcribe_sequential
+from models.whisper_decode import DecodeOptions, GenerationSettings, generate_from_encoder
+from models.whisper_longform import LongFormOptions, transcribe_longform
 from models.whisper_hf import hf_to_params
 
 
@@ -38,6 +39,8 @@ class WhisperTask(Task):
     begin_suppress_tokens: tuple = ()
     no_timestamps_id: int = 0     # <|notimestamps|>; timestamps are the ids after it
     max_initial_timestamp_index: int = 50   # long-form: the first timestamp is at most 1.0 s (as openai-whisper)
+    prev_sot_id: int | None = None          # <|startofprev|>: long-form conditioning on the previous text
+    longform: LongFormOptions = LongFormOptions(prompt_bucket=16)   # openai-whisper's transcribe defaults
     name = "whisper"
     loss_types = ("attention",)
 
@@ -107,7 +110,7 @@ class WhisperTask(Task):
                    eos_id=int(tokenizer.eot), max_decode_tokens=int(cfg.train.max_decode_tokens),
                    suppress_tokens=tuple(int(x) for x in (gen.get("suppress_tokens") or ())),
                    begin_suppress_tokens=tuple(int(x) for x in (gen.get("begin_suppress_tokens") or ())),
-                   no_timestamps_id=int(tokenizer.no_timestamps),
+                   no_timestamps_id=int(tokenizer.no_timestamps), prev_sot_id=int(tokenizer.sot_prev),
                    max_initial_timestamp_index=int(50 if gen.get("max_initial_timestamp_index") is None
                                                    else gen["max_initial_timestamp_index"]))
 
@@ -186,20 +189,51 @@ class WhisperTask(Task):
                                   begin_suppress_tokens=self.begin_suppress_tokens,
                                   no_timestamps_token_id=self.no_timestamps_id,
                                   max_initial_timestamp_index=self.max_initial_timestamp_index,
-                                  forced_decoder_ids=forced or None)
+                                  forced_decoder_ids=forced or None, prev_sot_token_id=self.prev_sot_id)
 
-    def transcribe(self, params, model_state, batch):
-        """Long-form greedy transcription of each row's whole log-mel ``features [B, T, n_mels]`` (valid frames
-        from ``feature_paddings``) by models.whisper_generate.transcribe_sequential: 30 s windows, the next one
-        starting at the last complete timestamp pair. Token ids per row, timestamp tokens included."""
+    def transcribe_segments(self, params, model_state, batch, options: LongFormOptions | None = None,
+                            key=None) -> list[dict]:
+        """openai-whisper's long-form ``transcribe`` of each row's whole log-mel ``features [B, T, n_mels]`` (valid
+        frames from ``feature_paddings``) by models.whisper_longform.transcribe_longform: 30 s windows, seek on
+        timestamps, temperature fallback (compression ratio of the token ids, average log-probability), no-speech
+        skipping, conditioning on the previous text. ``options`` default to the task's ``longform`` (openai's
+        values); ``key`` (default PRNGKey(0)) drives the sampling of fallback temperatures. Per row: ``{"tokens",
+        "segments": [{"start", "end" (seconds), "tokens", "temperature", "avg_logprob", "compression_ratio",
+        "no_speech_prob"}], "windows": [...]}``; timestamp tokens are included in the tokens."""
         feats = np.swapaxes(np.asarray(batch["features"], np.float32), 1, 2)
         frames = np.sum(np.asarray(batch["feature_paddings"]) < 0.5, axis=1).astype(np.int64)
         settings = self.generation_settings()
         prompt_length = len(settings.init_tokens(return_timestamps=True))
-        out = transcribe_sequential(self.model, params, feats, settings, num_frames=frames,
-                                    max_new_tokens=self.max_new_tokens(prompt_length), return_timestamps=True,
-                                    batch_size=max(int(np.sum(frames > 0)), 1))   # the rows with audio
-        return [r["tokens"] for r in out]
+        return transcribe_longform(self.model, params, feats, settings, num_frames=frames,
+                                   key=jax.random.PRNGKey(0) if key is None else key,
+                                   options=self.longform if options is None else options,
+                                   max_new_tokens=self.max_new_tokens(prompt_length),
+                                   batch_size=max(int(np.sum(frames > 0)), 1))   # the rows with audio
+
+    def transcribe(self, params, model_state, batch, options: LongFormOptions | None = None, key=None):
+        """Token ids per row of :meth:`transcribe_segments` (timestamp tokens included)."""
+        return [r["tokens"] for r in self.transcribe_segments(params, model_state, batch, options, key)]
+
+    def beam_decode(self, params, model_state, batch, options: SearchOptions):
+        """Short-form (one 30 s window) beam search with the KV cache (transformers' beam search, length penalty
+        ``options.length_penalty`` over the generated tokens); one hypothesis per row (``options.nbest`` must be 1;
+        CTC options do not apply)."""
+        if options.nbest != 1 or options.ctc_weight > 0:
+            raise ValueError("whisper beam search returns one hypothesis per input and has no CTC head")
+        feats = jnp.swapaxes(batch["features"], 1, 2)
+        b, p = feats.shape[0], len(self.prompt)
+        opts = DecodeOptions(max_new_tokens=self.max_new_tokens(p), eos_token_id=self.eos_id,
+                             pad_token_id=self.eos_id, num_beams=options.beam_size,
+                             suppress_tokens=self.suppress_tokens, begin_suppress_tokens=self.begin_suppress_tokens,
+                             length_penalty=options.length_penalty)
+        enc = self.model.apply({"params": params}, feats, method="encode")
+        prompt = jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p))
+        seqs, scores = generate_from_encoder(self.model, params, enc, prompt, opts)
+        generated = seqs[:, p:]
+        is_eos = generated == self.eos_id
+        lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), generated.shape[1])
+        return {"ids": generated[:, None].astype(jnp.int32), "lengths": lengths[:, None].astype(jnp.int32),
+                "scores": scores[:, None]}
 
     def load_pretrained(self, directory, key):
         """Every tensor of the checkpoint, mapped by name."""
