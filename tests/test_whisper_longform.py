@@ -15,6 +15,8 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from jasr.tasks.base import SearchOptions  # noqa: E402
+from jasr.tasks.whisper import WhisperTask  # noqa: E402
 from models.whisper_generate import (GenerationSettings, LongFormOptions, generate, strip,  # noqa: E402
                                      transcribe_longform)
 from models.whisper_hf import from_pretrained  # noqa: E402
@@ -177,3 +179,33 @@ def test_sampling_needs_a_key_and_is_reproducible_and_beam(models):
         assert beam[i]["tokens"][:n] == ref[i][:n]
         assert beam[i]["windows"][0]["attempts"][0]["avg_logprob"] == pytest.approx(
             float(o["scores"][i]), rel=1e-4)
+
+
+def test_whisper_task_hooks(models):
+    """WhisperTask.beam_decode (beam 1 = greedy_decode; beam 2 = generate's beam search) and transcribe_segments
+    (= transcribe_longform with the task's settings)."""
+    _, model, params, _ = models
+    task = WhisperTask(model=model, prompt=(SOT, EN, TRANSCRIBE, NOTS), eos_id=EOS, no_timestamps_id=NOTS,
+                       suppress_tokens=(3, 7, NOSPEECH, PREV), begin_suppress_tokens=(5, EOS), prev_sot_id=PREV,
+                       max_initial_timestamp_index=4, max_decode_tokens=12)
+    feats = _feats(2, 2 * SRC, seed=7)
+    batch = {"features": jnp.swapaxes(jnp.asarray(feats), 1, 2), "feature_paddings": jnp.zeros((2, 2 * SRC))}
+    greedy_ids, greedy_len = task.greedy_decode(params, {}, batch)
+    one = task.beam_decode(params, {}, batch, SearchOptions(beam_size=1))
+    for i in range(2):
+        n = int(greedy_len[i])
+        assert np.asarray(one["ids"][i, 0, :n]).tolist() == np.asarray(greedy_ids[i, :n]).tolist()
+        assert int(one["lengths"][i, 0]) == n
+    two = jax.jit(task.beam_decode, static_argnums=3)(params, {}, batch, SearchOptions(beam_size=2,
+                                                                                       length_penalty=1.0))
+    settings = task.generation_settings()
+    o = generate(model, params, feats, settings, max_new_tokens=12, num_beams=2)
+    ref = strip(o["sequences"], o["prompt_length"], settings)
+    for i in range(2):
+        assert np.asarray(two["ids"][i, 0, :int(two["lengths"][i, 0])]).tolist() == ref[i]
+    segs = task.transcribe_segments(params, {}, batch, LongFormOptions(temperatures=(0.0,)))
+    direct = transcribe_longform(model, params, feats, settings, max_new_tokens=12,
+                                 options=LongFormOptions(temperatures=(0.0,)))
+    assert [r["tokens"] for r in segs] == [r["tokens"] for r in direct] == task.transcribe(
+        params, {}, batch, LongFormOptions(temperatures=(0.0,)))
+    assert all("start" in s and "end" in s for r in segs for s in r["segments"])
