@@ -22,12 +22,14 @@ Word timestamps: ``word_frames[i] = (first, last)`` output frames of word i: the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fsa_ops import (DenseFsaVec, Fsa, Nbest, Ragged, arc_sort, connect, create_fsa_vec, intersect,
                      intersect_dense_pruned, shortest_path, top_sort)
@@ -35,7 +37,7 @@ from jasr.hlg import DecodingGraph, grammar_fsa
 from jasr.ngram import NgramLM
 
 __all__ = ["GraphHypothesis", "get_lattice", "one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring",
-           "attention_rescoring", "lattice_lengths", "compact_lattice"]
+           "attention_rescoring", "lattice_lengths", "compact_lattice", "frame_shortest_path"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +155,13 @@ def _hyps_from_paths(paths: Fsa, lang, lm_scale: float = 1.0) -> List[GraphHypot
     """Linear paths from an HLG lattice (arcs in path order, attributes aux_labels / tokens / frame / lm_scores,
     the latter scaled by `lm_scale` in the search: reported unscaled)."""
     na, ns = np.asarray(paths.num_arcs), np.asarray(paths.num_states)
-    label, score = np.asarray(paths.label), np.asarray(jax.lax.stop_gradient(paths.score), np.float64)
+    W = max(int(na.max(initial=0)), 1)           # (a path batch is as wide as its lattice's states: trim first)
+    cut = lambda x, dt=None: np.asarray(x[:, :W], dt)    # noqa: E731
+    label, score = cut(paths.label), cut(jax.lax.stop_gradient(paths.score), np.float64)
     aux = paths.attrs["aux_labels"]
-    rows = Ragged(np.asarray(aux.values), np.asarray(aux.lengths)).tolist()
-    tok, frame = np.asarray(paths.attrs["tokens"]), np.asarray(paths.attrs["frame"])
-    lm = np.asarray(paths.attrs["lm_scores"], np.float64)
+    rows = Ragged(cut(aux.values), cut(aux.lengths)).tolist()
+    tok, frame = cut(paths.attrs["tokens"]), cut(paths.attrs["frame"])
+    lm = cut(paths.attrs["lm_scores"], np.float64)
     out, spell = [], _spellings(lang)
     for b in range(label.shape[0]):
         n = int(na[b])
@@ -170,6 +174,82 @@ def _hyps_from_paths(paths: Fsa, lang, lm_scale: float = 1.0) -> List[GraphHypot
     return out
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _frame_viterbi(K: int, Ko: int, score, dst, dur):
+    """Tropical best path of pruned lattices in `intersect_dense_pruned`'s layout (arc ``(t * K + k) * Ko + j``
+    leaves slot k of frame t; non-final arcs enter slot ``dst - (t + 1) * K`` of frame t + 1; the arcs of frame
+    ``dur`` enter the final state): a scan over frames, [B, K * Ko] per step, then a backtrace.
+    score / dst [B, (T+1) * K * Ko], dur [B] -> (arc index per frame [B, T+1] (-1 off the path), total [B])."""
+    B, A = score.shape
+    Tp1, P = A // (K * Ko), K * Ko
+    sc = jnp.moveaxis(score.reshape(B, Tp1, P), 1, 0).astype(jnp.float32)
+    ds = jnp.moveaxis(dst.reshape(B, Tp1, P), 1, 0)
+    pos = jnp.arange(P, dtype=jnp.int32)
+    rows = jnp.arange(B, dtype=jnp.int32)[:, None]
+    ninf = jnp.float32(-jnp.inf)
+
+    def step(alpha, xs):
+        t, s, d = xs
+        cand = alpha[:, pos // Ko] + s                                           # [B, P]
+        slot = d - (t + 1) * K
+        live = jnp.isfinite(cand) & (t < dur)[:, None] & (slot >= 0) & (slot < K)
+        seg = jnp.where(live, rows * K + slot, B * K).reshape(-1)              # B * K: a discard bin
+        new = jax.ops.segment_max(jnp.where(live, cand, ninf).reshape(-1), seg, num_segments=B * K + 1)
+        hit = live.reshape(-1) & (cand.reshape(-1) == new[seg])
+        first = jax.ops.segment_min(jnp.where(hit, jnp.tile(pos, B), P), seg, num_segments=B * K + 1)
+        fin = jnp.where(jnp.isfinite(cand) & (t == dur)[:, None], cand, ninf)
+        return new[:B * K].reshape(B, K), (first[:B * K].reshape(B, K), jnp.max(fin, 1), jnp.argmax(fin, 1))
+
+    alpha0 = jnp.full((B, K), ninf).at[:, 0].set(0.0)
+    t_all = jnp.arange(Tp1, dtype=jnp.int32)
+    _, (bp, fbest, farg) = lax.scan(step, alpha0, (t_all, sc, ds))
+    b_idx = jnp.arange(B)
+    tot = fbest[jnp.clip(dur, 0, Tp1 - 1), b_idx]
+    last = farg[jnp.clip(dur, 0, Tp1 - 1), b_idx].astype(jnp.int32)
+    bp_prev = jnp.concatenate([jnp.zeros_like(bp[:1]), bp[:-1]], 0)             # entering position, frame t - 1
+
+    def back(p, xs):
+        t, bpt = xs
+        p = jnp.where(t == dur, last, p)
+        on = (t <= dur) & jnp.isfinite(tot)
+        arc = jnp.where(on, t * P + p, -1)
+        prev = jnp.take_along_axis(bpt, jnp.clip(p // Ko, 0, K - 1)[:, None], 1)[:, 0]
+        return jnp.where(on, prev, 0), arc
+
+    _, arcs = lax.scan(back, jnp.zeros(B, jnp.int32), (t_all, bp_prev), reverse=True)
+    return arcs.T, tot
+
+
+def frame_shortest_path(lattice: Fsa, num_frames: int) -> Fsa:
+    """`fsa_ops.shortest_path` for the lattices of `get_lattice` (`num_frames` = log_probs' T), computed frame by
+    frame on the device (T + 1 scan steps instead of one per lattice state): linear FsaVec [B, T + 1] with the
+    lattice's attributes; an empty FSA where no path survives. Ties may pick another path than shortest_path."""
+    Tp1 = int(num_frames) + 1
+    A = int(lattice.label.shape[1])
+    K = (int(lattice.max_states) - 1) // Tp1
+    Ko = A // (Tp1 * K) if K else 0
+    if K < 1 or Tp1 * K + 1 != int(lattice.max_states) or Tp1 * K * Ko != A:
+        raise ValueError(f"lattice: not in intersect_dense_pruned's layout for {num_frames} frames "
+                         f"({A} arcs, max_states {lattice.max_states})")
+    na = jnp.asarray(lattice.num_arcs)
+    dur = jnp.where(jnp.asarray(lattice.num_states) > 0, na // (K * Ko) - 1, -1).astype(jnp.int32)
+    idx, tot = _frame_viterbi(K, Ko, jnp.asarray(lattice.score), jnp.asarray(lattice.dst), dur)
+    on = idx >= 0
+    ok = jnp.isfinite(tot)
+    i0 = jnp.maximum(idx, 0)
+
+    def take(x):
+        x = jnp.asarray(x)
+        g = jnp.take_along_axis(x, i0.reshape(i0.shape + (1,) * (x.ndim - 2)), 1)
+        return jnp.where(on.reshape(on.shape + (1,) * (x.ndim - 2)), g, jnp.zeros((), x.dtype))
+    attrs = {k: jax.tree_util.tree_map(take, v) for k, v in lattice.attrs.items()}
+    pos = jnp.arange(Tp1, dtype=jnp.int32)[None]
+    n = jnp.where(ok, dur + 1, 0).astype(jnp.int32)
+    return Fsa(jnp.where(on, pos, 0), jnp.where(on, pos + 1, 0), take(lattice.label),
+               jnp.where(on, take(lattice.score), -jnp.inf), jnp.where(ok, n + 1, 0).astype(jnp.int32), n, attrs,
+               max_states=Tp1 + 1)
+
+
 def one_best(graph: DecodingGraph, log_probs, paddings, *, search_beam: float = 20.0, output_beam: float = 8.0,
              min_active_states: int = 30, max_active_states: int = 10000,
              lm_scale: float = 1.0) -> List[GraphHypothesis]:
@@ -177,7 +257,7 @@ def one_best(graph: DecodingGraph, log_probs, paddings, *, search_beam: float = 
     where no path survives). log_probs [B, T, V] (V = graph.num_tokens), paddings [B, T]."""
     lat = get_lattice(graph, log_probs, paddings, search_beam=search_beam, output_beam=output_beam,
                       min_active_states=min_active_states, max_active_states=max_active_states, lm_scale=lm_scale)
-    return _hyps_from_paths(shortest_path(lat, use_double_scores=False), graph.lang, lm_scale)
+    return _hyps_from_paths(frame_shortest_path(lat, np.shape(log_probs)[1]), graph.lang, lm_scale)
 
 
 # ------------------------------------------------------------------ n-best

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from fsa_ops import SymbolTable
+from fsa_ops import SymbolTable, shortest_path
 from jasr import graph_decoding as gd
 from jasr import hlg
 from jasr.ngram import read_arpa
@@ -186,6 +186,17 @@ def test_one_best_equals_brute_force(lang, graph, inputs, references):
         assert h.lm_score == pytest.approx(score - am, abs=1e-4)
         assert h.tokens == tuple(k for i, k in enumerate(seq) if k and (i == 0 or seq[i - 1] != k))
         assert h.word_frames == spans(lang, words, seq)
+    # the frame-synchronous best path equals fsa_ops.shortest_path on the same lattice
+    lat = gd.get_lattice(graph, lp, pads, **SEARCH)
+    fast, slow = gd.frame_shortest_path(lat, T), shortest_path(lat, use_double_scores=False)
+    for name in ("num_arcs", "num_states"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name))
+    n = int(np.max(fast.num_arcs))
+    for name in ("label", "score"):
+        np.testing.assert_array_equal(np.asarray(getattr(fast, name))[:, :n], np.asarray(getattr(slow, name))[:, :n])
+    for name in ("tokens", "frame", "lm_scores"):
+        np.testing.assert_array_equal(np.asarray(fast.attrs[name])[:, :n], np.asarray(slow.attrs[name])[:, :n])
+    assert fast.aux_labels.tolist() == [r[:n] for r in slow.aux_labels.tolist()]
     # the graph scaled in the search (lm_scale): the best of am + 0.5 (pron + LM); a token sequence's best
     # reading does not depend on the scale
     for h, (_, star) in zip(gd.one_best(graph, lp, pads, lm_scale=0.5, **SEARCH), references):
