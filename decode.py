@@ -1,6 +1,11 @@
 """Transcribe audio with a trained run and report WER/CER.
 
   python decode.py --workdir RUN (--split NAME | --manifest FILE.jsonl | FILES_OR_FOLDERS ...) [options]
+  python decode.py --hf-model DIR (--manifest FILE.jsonl | FILES_OR_FOLDERS ...) [options]
+
+--hf-model decodes a Hugging Face Whisper (WhisperForConditionalGeneration) or Wav2Vec2ForCTC directory as it is
+(its weights, output layer and vocabulary; the settings of configs/whisper_finetune.py / configs/wav2vec2_ctc.py
+for features and batching).
 
 Decoding settings default to the run config's `decode` section (jasr.config.base_config; e.g. configs/fsdd.py
 decodes with its digit lexicon and grammar); the flags below override them. Inputs are decoded in batches of the
@@ -9,12 +14,13 @@ back in input order. At the end: WER/CER where references exist, the worst utter
 alignment (all of them in OUTPUT.errors.txt), the real-time factor and throughput.
 
 Methods (--method): greedy (best path; AED and Whisper runs decode with their own decoders, Whisper long-form
-over the whole file), beam (CTC prefix beam search; with --lm a word n-gram LM is fused, the LM's words spelling
-the words it scores), lexicon (the beam search constrained to the words of --lexicon, with --lm or --grammar
-fused), graph (HLG decoding of --lexicon and --grammar). beam/lexicon/graph need a CTC model (conformer_ctc,
-wav2vec2_ctc). A hypothesis never depends on the reference: a file decodes to the same text with or without a
-transcript. A file that cannot be read is reported (a "failed:" line, a result with an "error" field) and counts
-in WER/CER as all deletions; the others are decoded.
+over the whole file); beam (CTC prefix beam search; with --lm a word n-gram LM is fused, the LM's words spelling
+the words it scores; for AED and Whisper runs the attention decoder's beam search with --length-penalty, AED joint
+runs with --ctc-weight CTC prefix scoring, Whisper over the first 30 s window); lexicon (the CTC beam search
+constrained to the words of --lexicon, with --lm or --grammar fused); graph (HLG decoding of --lexicon and
+--grammar). lexicon and graph need a CTC model (conformer_ctc, wav2vec2_ctc). A hypothesis never depends on the
+reference: a file decodes to the same text with or without a transcript. A file that cannot be read is reported
+(a "failed:" line, a result with an "error" field) and counts in WER/CER as all deletions; the others are decoded.
 
 Outputs (--format, or the extension of --output): jsonl (id, ref, hyp, tokens, score, n-best, word timestamps
 where the method gives them, error), txt (id<TAB>text), srt / vtt (subtitles: one file, or a folder with one
@@ -24,8 +30,8 @@ import argparse
 import os
 import sys
 
-SETTINGS = {"method": str, "beam": int, "nbest": int, "lm": str, "lm_weight": float, "word_bonus": float,
-            "lexicon": str, "grammar": str, "hotword_boost": float, "token_min_logp": float}
+SETTINGS = ("method", "beam", "nbest", "lm", "lm_weight", "word_bonus", "lexicon", "grammar", "hotword_boost",
+            "token_min_logp", "length_penalty", "ctc_weight")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,9 +41,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser():
     p = _Parser(prog="decode.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                usage=argparse.SUPPRESS)
+                usage="decode.py (--workdir RUN | --hf-model DIR) (--split NAME | --manifest FILE | FILES ...) "
+                      "[options]")
     g = p.add_argument_group("model and inputs")
     g.add_argument("--workdir", help="a folder written by train.py (config.json, tokenizer.json, checkpoints/)")
+    g.add_argument("--hf-model", metavar="DIR", help="a Hugging Face Whisper or Wav2Vec2ForCTC directory")
     g.add_argument("--checkpoint", default="best",
                    help="best by dev WER (default; the latest if none has a WER), latest, or a step number")
     g.add_argument("--split", help="a split of the run's config: train, dev, the demo's heldout, "
@@ -58,8 +66,12 @@ def _parser():
                    help="phrases to boost (repeat the flag or separate by commas)")
     s.add_argument("--hotword-boost", type=float, help="boost per matched token of a hotword")
     s.add_argument("--token-min-logp", type=float, help="grow prefixes only by tokens at least this likely")
+    s.add_argument("--length-penalty", type=float, help="attention beam search (AED, Whisper): length normalisation "
+                                                        "exponent")
+    s.add_argument("--ctc-weight", type=float, help="AED beam search: weight of the CTC prefix score (joint runs)")
     o = p.add_argument_group("output")
-    o.add_argument("--output", help="where to write the results (default WORKDIR/decode_<split>.jsonl)")
+    o.add_argument("--output", help="where to write the results (default WORKDIR/decode_<name>.jsonl, with "
+                                    "--hf-model ./decode_<name>.jsonl)")
     o.add_argument("--format", choices=("jsonl", "txt", "srt", "vtt", "ctm"),
                    help="output format (default: from the --output extension, else jsonl)")
     o.add_argument("--show", type=int, default=5, help="example transcripts to print (default 5)")
@@ -69,8 +81,10 @@ def _parser():
 
 
 def _check(p, a):
-    if not a.workdir:
-        p.error("--workdir DIR is required")
+    if bool(a.workdir) == bool(a.hf_model):
+        p.error("give one of --workdir DIR (a train.py run) or --hf-model DIR")
+    if a.hf_model and a.split:
+        p.error("--split names a split of a run's config: with --hf-model give --manifest FILE or audio files")
     if sum(bool(x) for x in (a.split, a.manifest, a.files)) != 1:
         p.error("give exactly one of --split NAME, --manifest FILE or audio files/folders")
     if a.show < 0 or a.errors < 0:
@@ -93,17 +107,19 @@ def main(argv):
     root = os.path.dirname(os.path.abspath(__file__))
     enable_compilation_cache(root)
     try:
-        run = load_run(a.workdir, checkpoint=a.checkpoint, root=root)
+        run = (load_run(a.workdir, checkpoint=a.checkpoint, root=root) if a.workdir
+               else tr.load_hf_model(a.hf_model, root))
         cfg = run.config
         if not run.task.has_decoder:
             raise ConfigError(f"{a.workdir} is a {cfg.model.name} run: it has no decoder to transcribe with "
                               f"(fine-tune it with configs/wav2vec2_ctc.py; its dev loss is in metrics.jsonl)")
         settings = tr.settings_from_config(cfg, overrides, root=root)
         name, utts, bad = tr.collect_utterances(cfg, root, split=a.split, manifest=a.manifest, paths=a.files)
-        out_path = a.output or os.path.join(a.workdir, f"decode_{name}.jsonl")
+        out_path = a.output or os.path.join(a.workdir or ".", f"decode_{name}.jsonl")
         fmt = a.format or tr.format_from_path(out_path)
-        print(f"[decode] {len(utts) + len(bad)} utterances of {name!r} with checkpoint step {run.step} of "
-              f"{a.workdir}", flush=True)
+        model = (f"checkpoint step {run.step} of {a.workdir}" if a.workdir
+                 else f"the {cfg.model.name} model {a.hf_model}")
+        print(f"[decode] {len(utts) + len(bad)} utterances of {name!r} with {model}", flush=True)
         m, results = tr.transcribe(run, utts, settings, bad=bad, progress=not a.no_progress)
         written = tr.write_results(results, out_path, fmt)
     except (ValueError, FileNotFoundError, ConfigError, ManifestError, TokenizerError) as e:

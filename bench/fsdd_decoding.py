@@ -6,7 +6,8 @@
 Every method decodes the same checkpoint's log-probs of the dev split (the held-out speaker of configs/fsdd.py)
 through jasr.transcribe (what decode.py runs); each row's command reproduces it with decode.py. The word LM of the
 "beam + LM" row is a Kneser-Ney bigram that jasr estimates from the run's training transcripts
-(jasr.ngram_estimate; written next to the run as WORKDIR/train_words_2gram.arpa): no external tool.
+(jasr.ngram_estimate, with lmplz's --discount_fallback: ten distinct sentences are too few for the closed-form
+discounts; written next to the run as WORKDIR/train_words_2gram.arpa): no external tool.
 """
 import argparse
 import datetime
@@ -60,7 +61,7 @@ def main(argv):
     cfg = run.config
     train_text = [u.text for u in split_utterances(cfg, "train", ROOT)]
     lm_path = os.path.join(a.workdir, "train_words_2gram.arpa")
-    write_arpa(estimate_kneser_ney(train_text, 2), lm_path)
+    write_arpa(estimate_kneser_ney(train_text, 2, discount_fallback=(0.5, 1.0, 1.5)), lm_path)   # lmplz's fallback
     bad: list = []
     utts = split_utterances(cfg, "dev", ROOT, bad=bad)
     speakers = ", ".join(cfg.data.speakers_dev)

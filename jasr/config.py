@@ -129,6 +129,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.decode.hotwords = ()              # phrases to boost (context biasing)
     c.decode.hotword_boost = 2.0        # per matched token
     c.decode.token_min_logp = -10.0     # grow prefixes only by tokens at least this likely (speed; best always)
+    c.decode.length_penalty = 0.0       # attention beam search (AED: GNMT, Whisper: m ** p): length normalisation
+    c.decode.ctc_weight = 0.0           # AED beam search: (1 - w) * attention + w * CTC prefix score (joint runs)
     return c
 
 
@@ -284,6 +286,7 @@ def check_decode(dc: ml_collections.ConfigDict, prefix: str = "config 'decode.")
     req(dc.beam >= 1, "beam", f"must be >= 1, got {dc.beam}")
     req(1 <= dc.nbest <= dc.beam, "nbest", f"must be in [1, beam={dc.beam}], got {dc.nbest}")
     req(dc.lm_weight >= 0, "lm_weight", f"must be >= 0, got {dc.lm_weight}")
+    req(0.0 <= dc.ctc_weight <= 1.0, "ctc_weight", f"must be in [0, 1], got {dc.ctc_weight}")
     req(dc.token_min_logp <= 0, "token_min_logp", f"must be <= 0 (a log-probability), got {dc.token_min_logp}")
     req(all(isinstance(h, str) and h.strip() for h in dc.hotwords), "hotwords",
         f"must be non-empty phrases, got {tuple(dc.hotwords)}")

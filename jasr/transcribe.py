@@ -8,7 +8,9 @@ section, see :func:`settings_from_config`, with decode.py's flags on top) into t
 
 * ``greedy``: best path (every family; AED and Whisper use their own decoders);
 * ``beam``: CTC prefix beam search (:func:`jasr.ctc_beam.ctc_prefix_beam_search`), with a word n-gram LM (ARPA;
-  the words the LM knows, or ``lexicon``, spell the words it scores) and hotwords when given;
+  the words the LM knows, or ``lexicon``, spell the words it scores) and hotwords when given; for a family
+  without a CTC head, its attention decoder's beam search (:meth:`jasr.tasks.Task.beam_decode`: AED with length
+  normalisation and optional joint CTC prefix scores, Whisper with the KV cache over its first 30 s window);
 * ``lexicon``: the same search constrained to the words of ``lexicon``, with ``lm`` (or ``grammar``) fused;
 * ``graph``: HLG decoding (jasr.graph_decoding) of ``lexicon`` composed with ``grammar`` (or ``lm``).
 
@@ -32,24 +34,29 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jasr.audio import AudioError, audio_info
-from jasr.config import check_decode
+from jasr.config import apply_override, check_decode, load_config_file
 from jasr.ctc_beam import ctc_prefix_beam_search, word_timestamps
 from jasr.errors import ConfigError
 from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, word_boundaries
 from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, check_utterances, read_folder, read_manifest
 from jasr.ngram import read_arpa
-from jasr.run_data import (make_eval_loader, reference_texts, resolve, split_utterances,
+from jasr.run_data import (feature_config, make_eval_loader, reference_texts, resolve, split_utterances,
                            with_placeholder_transcripts)
-from jasr.steps import AUDIO_KEYS
-from jasr.tasks import family
+from jasr.steps import AUDIO_KEYS, TrainState
+from jasr.tasks import Task, build_task, family
+from jasr.tasks.base import SearchOptions
+from jasr.tokenizers import TokenizerError, load_tokenizer
 from jasr.training import RunInfo, decode_function, score_results
+from models.hf_io import load_state_dict
+from models.wav2vec2_hf import params_from_hf_state_dict
 
-__all__ = ["FORMATS", "Searcher", "alignment", "collect_utterances", "ctc_log_probs", "error_report",
-           "format_from_path", "make_searcher", "settings_from_config", "transcribe", "write_results"]
+__all__ = ["FORMATS", "HFCTCTokenizer", "Searcher", "alignment", "collect_utterances", "ctc_log_probs",
+           "error_report", "format_from_path", "load_hf_model", "make_searcher", "settings_from_config",
+           "transcribe", "write_results"]
 
 FORMATS = ("jsonl", "txt", "srt", "vtt", "ctm")
 SETTING_KEYS = ("method", "beam", "nbest", "lm", "lm_weight", "word_bonus", "lexicon", "grammar", "hotwords",
-                "hotword_boost", "token_min_logp")
+                "hotword_boost", "token_min_logp", "length_penalty", "ctc_weight")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -91,6 +98,76 @@ def collect_utterances(cfg: ml_collections.ConfigDict, root: str, *, split: str 
             utts.append(Utterance(id=uid, audio_path=os.path.abspath(f), text="", duration=info.duration,
                                   sample_rate=info.sample_rate))
     return "files", with_placeholder_transcripts(utts), bad
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Hugging Face models, decoded directly
+
+class HFCTCTokenizer:
+    """The vocabulary of a transformers Wav2Vec2CTCTokenizer (``vocab.json``: token -> id) as a character tokenizer:
+    single-character tokens spell text, the word delimiter ("|") is the space, multi-character tokens (<pad>,
+    <s>, </s>, <unk>) decode to nothing. ``chars[i]`` is the character of id i + 1 (jasr.lexicon's convention)."""
+    type_name = "hf_ctc"
+
+    def __init__(self, vocab: dict, vocab_size: int = 0, word_delimiter: str = "|"):
+        self.vocab_size = max([vocab_size, *[i + 1 for i in vocab.values()]])
+        piece = {i: t for t, i in vocab.items()}
+        self.chars = [(" " if piece.get(i) == word_delimiter else piece.get(i, "")) for i in range(1, self.vocab_size)]
+        self.chars = [c if len(c) == 1 else "" for c in self.chars]
+        self._index = {c: i + 1 for i, c in enumerate(self.chars) if c}
+
+    def encode(self, text: str) -> list[int]:
+        missing = sorted({c for c in text if c not in self._index})
+        if missing:
+            raise TokenizerError(f"characters not in the model's vocabulary: {missing[:10]}")
+        return [self._index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i - 1] for i in ids if 0 < i < self.vocab_size)
+
+
+def load_hf_model(directory: str, root: str) -> RunInfo:
+    """A Hugging Face Whisper (WhisperForConditionalGeneration) or Wav2Vec2-CTC (Wav2Vec2ForCTC, with its vocab.json)
+    directory as a RunInfo for :func:`transcribe`, with the settings of configs/whisper_finetune.py or
+    configs/wav2vec2_ctc.py (features, batching) and the model's own tokenizer and output layer."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--hf-model: {directory} is not a Hugging Face model directory (no config.json)")
+    with open(path) as f:
+        hf = json.load(f)
+    kind, archs = hf.get("model_type"), hf.get("architectures") or []
+    if kind == "whisper":
+        cfg = load_config_file(os.path.join(root, "configs", "whisper_finetune.py"))
+        vocab = int(hf.get("vocab_size", 51865))
+        spec = "whisper:gpt2" if vocab < 51865 else ("whisper:multilingual:100" if vocab > 51865
+                                                     else "whisper:multilingual")
+        apply_override(cfg, "data.tokenizer", spec)
+        apply_override(cfg, "data.num_mel_bins", str(int(hf.get("num_mel_bins", 80))))
+        tok = load_tokenizer(spec)
+        task = build_task(cfg, tok.vocab_size, feature_config(cfg), tokenizer=tok, hf_dir=directory)
+        params = task.load_pretrained(directory, jax.random.PRNGKey(0))
+    elif kind == "wav2vec2" and any(a.endswith("ForCTC") for a in archs):
+        vpath = os.path.join(directory, "vocab.json")
+        if not os.path.isfile(vpath):
+            raise FileNotFoundError(f"--hf-model: {directory} has no vocab.json (the CTC tokenizer's vocabulary)")
+        if int(hf.get("pad_token_id", 0)) != 0:
+            raise ConfigError(f"--hf-model: jasr's CTC blank is id 0, the model's pad (blank) id is "
+                              f"{hf['pad_token_id']}")
+        with open(vpath) as f:
+            tok = HFCTCTokenizer(json.load(f), int(hf.get("vocab_size", 0)))
+        cfg = load_config_file(os.path.join(root, "configs", "wav2vec2_ctc.py"))
+        for k in ("mask_time_prob", "mask_feature_prob"):     # as the checkpoint (masked_spec_embed or not)
+            with cfg.model.unlocked():
+                cfg.model[k] = float(hf.get(k, 0.0))
+        task = build_task(cfg, tok.vocab_size, feature_config(cfg), tokenizer=tok, hf_dir=directory)
+        params = params_from_hf_state_dict(load_state_dict(directory), task.model.config, "ctc")
+    else:
+        raise ConfigError(f"--hf-model: {directory} holds a {kind!r} model {archs}; decode.py reads Whisper "
+                          f"(WhisperForConditionalGeneration) and Wav2Vec2ForCTC directories")
+    apply_override(cfg, "train.init_from", directory)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state={}, opt_state=(),
+                       rng=jax.random.PRNGKey(0), skipped=jnp.zeros((), jnp.int32))
+    return RunInfo(cfg, tok, task, state, 0, None)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -244,6 +321,12 @@ def _beam_rows(res, pads: np.ndarray) -> list[dict]:
     return out
 
 
+def _attention_row(out: dict, r: int) -> dict:
+    hyps = [(out["ids"][r, k, :int(out["lengths"][r, k])].tolist(), float(out["scores"][r, k]))
+            for k in range(out["ids"].shape[1]) if out["scores"][r, k] > -np.inf]
+    return {"tokens": hyps[0][0] if hyps else [], "score": hyps[0][1] if hyps else float("-inf"), "nbest": hyps}
+
+
 def _text(tokenizer, ids) -> str:
     return " ".join(tokenizer.decode(ids).split())
 
@@ -255,9 +338,13 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
     jasr.training.score_results: a failed file counts as all deletions), method."""
     task, tok = run.task, run.tokenizer
     ctc = has_ctc_head(task)
-    if settings.method != "greedy" and not ctc:
+    att_beam = settings.method == "beam" and not ctc
+    if settings.method != "greedy" and not ctc and not att_beam:
         raise ConfigError(f"decode method {settings.method!r} needs a CTC model; a {run.config.model.name} run "
-                          f"(loss.type {run.config.loss.type!r}) decodes with its own decoder: use --method greedy")
+                          f"(loss.type {run.config.loss.type!r}) decodes with its own decoder: use --method greedy "
+                          f"or beam")
+    if att_beam and type(task).beam_decode is Task.beam_decode:
+        raise ConfigError(f"a {run.config.model.name} run has no beam search: use --method greedy")
     searcher = make_searcher(settings, tok, task.blank_id) if ctc else None
     texts = reference_texts(utts)
     by_id = {u.id: u for u in utts}
@@ -269,11 +356,20 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
     t0 = time.time()
     if ok:
         loader = make_eval_loader(run.config, ok, tok, edges=run.bucket_edges, task=task,
-                                  whole_files=task.transcribes_whole_files)
+                                  whole_files=task.transcribes_whole_files and not att_beam)
         for r in loader.skipped:
             results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]}
         if ctc:
             fn = jax.jit(lambda state, batch: ctc_log_probs(task, state, batch))
+        elif att_beam:
+            try:
+                opts = SearchOptions(beam_size=int(settings.beam), nbest=int(settings.nbest),
+                                     length_penalty=float(settings.length_penalty),
+                                     length_norm="gnmt" if run.config.model.name == "conformer_aed" else "plain",
+                                     ctc_weight=float(settings.ctc_weight))
+            except ValueError as e:
+                raise ConfigError(f"decode: {e}") from e
+            fn = jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts))
         else:
             fn = decode_function(task)
         bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
@@ -286,6 +382,9 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
                 pads_np = np.asarray(pads)
                 rows = (_greedy_rows(np.asarray(lp), pads_np, task.blank_id) if searcher.search is None
                         else _beam_rows(searcher.search(lp, pads), pads_np))
+            elif att_beam:
+                out = jax.device_get(fn(run.state, audio))
+                rows = [_attention_row(out, r) for r in range(len(ids))]
             else:
                 out = jax.device_get(fn(run.state, audio))
                 rows = [{"tokens": out["ids"][r, :int(out["lengths"][r])].tolist(), "nbest": []}
@@ -305,9 +404,10 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
     out = [results[i] for i in order if i in results]
     failed = [r for r in out if "error" in r]
     audio_s = sum(u.duration for u in ok)
+    method = (searcher.description if searcher else f"beam ({run.config.model.name}'s attention beam search, beam "
+              f"{settings.beam})" if att_beam else f"greedy ({run.config.model.name}'s decoder)")
     m = {"utterances": len(out) - len(failed), "failed": len(failed), "audio_s": audio_s, "seconds": dt,
-         "rtf": dt / audio_s if audio_s else float("nan"), "method": searcher.description if searcher else
-         f"greedy ({run.config.model.name}'s decoder)"}
+         "rtf": dt / audio_s if audio_s else float("nan"), "method": method}
     m.update(score_results(out))
     return m, out
 

@@ -8,8 +8,10 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
+from jasr.audio import load_audio
 from jasr.config import apply_override, load_config_file
 from jasr.training import train
 
@@ -160,3 +162,73 @@ def test_bad_flags_are_exit_2(run, capsys, args, match):
     assert rc == 2 and match in err and err.startswith("decode.py: error:") and len(err.strip().splitlines()) == 1
     rc, _, err = decode(capsys, "--manifest", manifest)
     assert rc == 2 and "--workdir" in err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# --hf-model: transformers directories decoded as they are
+
+LJ = os.path.join(ROOT, "..", "shared", "data", "ljspeech_sample")
+W2V_TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
+                conv_dim=(16, 16, 16, 16), conv_stride=(5, 4, 4, 4), conv_kernel=(10, 4, 4, 4),
+                num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, do_stable_layer_norm=False,
+                mask_time_prob=0.0, layerdrop=0.0)
+
+
+def _lj_files():
+    with open(os.path.join(LJ, "manifest.jsonl")) as f:
+        recs = {json.loads(line)["id"]: json.loads(line) for line in f}
+    return [os.path.abspath(os.path.join(LJ, recs[i]["audio"])) for i in ("LJ001-0008", "LJ001-0002")]
+
+
+def test_hf_wav2vec2_ctc_directory(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4, **{c: 5 + i for i, c in enumerate("ETAONIHS")}}
+    torch.manual_seed(0)
+    hf = transformers.Wav2Vec2ForCTC(transformers.Wav2Vec2Config(vocab_size=len(vocab), pad_token_id=0,
+                                                                 **W2V_TINY)).eval()
+    with torch.no_grad():                        # favour "E" and the delimiter over the blank: a non-empty text
+        hf.lm_head.bias.copy_(torch.tensor([0.0, -9, -9, -9, 1.5, 2.0] + [-9.0] * 7))
+    d = tmp_path / "w2v"
+    hf.save_pretrained(str(d))
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    files = _lj_files()
+    rc, out, err = decode(capsys, "--hf-model", d, *files, "--method", "beam", "--beam", "4", "--output",
+                          tmp_path / "w2v.jsonl")
+    assert rc == 0, err
+    res = read_jsonl(tmp_path / "w2v.jsonl")
+    assert [r["id"] for r in res] == ["LJ001-0008", "LJ001-0002"] and all(set(r["hyp"]) <= set("E ") for r in res)
+    assert any(r["hyp"] for r in res) and "wav2vec2_ctc model" in out
+    # greedy equals transformers' argmax path on the same (normalised) waveform
+    rc, out, err = decode(capsys, "--hf-model", d, files[1], "--method", "greedy", "--output", tmp_path / "g.jsonl")
+    assert rc == 0, err
+    wav = load_audio(files[1], 16000)
+    wav = (wav - wav.mean()) / np.sqrt(wav.var() + 1e-7)
+    with torch.no_grad():
+        best = hf(torch.from_numpy(wav[None].astype(np.float32))).logits[0].argmax(-1).numpy()
+    keep = (best != 0) & (best != np.concatenate([[-1], best[:-1]]))
+    chars = {i: (" " if t == "|" else t) for t, i in vocab.items()}
+    want = " ".join("".join(chars[i] for i in best[keep] if i > 4 or i == 4).split())
+    assert read_jsonl(tmp_path / "g.jsonl")[0]["hyp"] == want
+    rc, _, err = decode(capsys, "--hf-model", d, "--split", "dev")
+    assert rc == 2 and "--split" in err
+
+
+def test_hf_whisper_directory(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    c = transformers.WhisperConfig(vocab_size=51865, num_mel_bins=80, d_model=32, encoder_layers=1,
+                                   encoder_attention_heads=4, encoder_ffn_dim=64, decoder_layers=1,
+                                   decoder_attention_heads=4, decoder_ffn_dim=64, max_source_positions=1500,
+                                   max_target_positions=24, pad_token_id=50257, bos_token_id=50257,
+                                   eos_token_id=50257, decoder_start_token_id=50258)
+    d = tmp_path / "whisper"
+    transformers.WhisperForConditionalGeneration(c).eval().save_pretrained(str(d))
+    rc, out, err = decode(capsys, "--hf-model", d, *_lj_files()[:1], "--method", "beam", "--beam", "2",
+                          "--output", tmp_path / "w.txt")
+    assert rc == 0 and "attention beam search, beam 2" in out, err     # Task.beam_decode, the KV-cache search
+    assert "whisper model" in out and (tmp_path / "w.txt").read_text().startswith("LJ001-0008\t")
+    rc, _, err = decode(capsys, "--hf-model", d, *_lj_files()[:1], "--method", "lexicon", "--lexicon",
+                        os.path.join(ROOT, "configs", "fsdd_lexicon.txt"))
+    assert rc == 2 and "needs a CTC model" in err
