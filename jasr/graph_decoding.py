@@ -82,7 +82,11 @@ def lattice_lengths(log_probs, paddings, num_tokens: int) -> np.ndarray:
     pad = pads >= 0.5
     if np.any(pad[:, :-1] & ~pad[:, 1:]):
         raise ValueError("paddings: padded frames (1.0) must come after the valid frames of each utterance")
-    return (shape[1] - pad.sum(axis=1)).astype(np.int32)
+    lengths = (shape[1] - pad.sum(axis=1)).astype(np.int32)
+    if np.any(lengths == 0):
+        raise ValueError(f"paddings: utterance {int(np.argmin(lengths))} has no valid frame (decode only utterances "
+                         f"with at least one frame)")
+    return lengths
 
 
 def get_lattice(graph: DecodingGraph, log_probs, paddings, *, search_beam: float = 20.0, output_beam: float = 8.0,

@@ -303,6 +303,11 @@ def test_batch_equals_single_and_padding_ignored(graph, inputs):
     for b in range(B):
         single = gd.one_best(graph, lp[b:b + 1], pads[b:b + 1], **SEARCH)
         assert single == [batch[b]]
+    # an utterance without frames is an error naming it (k2's DenseFsaVec needs a frame per segment)
+    empty = pads.copy()
+    empty[2] = 1.0
+    with pytest.raises(ValueError, match="paddings: utterance 2 has no valid frame"):
+        gd.one_best(graph, lp, empty, **SEARCH)
 
 
 def test_one_word_grammar_char_model():
@@ -312,7 +317,8 @@ def test_one_word_grammar_char_model():
     rng = np.random.default_rng(0)
     lp = np.log(rng.dirichlet(np.ones(tok.vocab_size) * 0.3, size=(4, 12))).astype(np.float32)
     pads = np.zeros((4, 12), np.float32)
-    pads[3, 9:] = 1.0
+    pads[2, 9:] = 1.0
+    pads[3, 1:] = 1.0            # one frame: no word fits (an empty hypothesis, scores -inf)
     search = dict(search_beam=20.0, output_beam=8.0, min_active_states=10, max_active_states=40)
     # the grammar as a list of sentences (boundaries required between words) and as OpenFst text with word
     # symbols (optional boundaries)
@@ -320,13 +326,15 @@ def test_one_word_grammar_char_model():
     for mode, grammar in (("required", [[w] for w in words]), ("optional", text)):
         lang = hlg.lang_from_tokenizer(words, tok, word_boundary=mode)
         g = hlg.compile_hlg(lang, grammar)
-        for h, n in zip(gd.one_best(g, lp, pads, **search), (12, 12, 12, 9)):
+        hyps = gd.one_best(g, lp, pads, **search)
+        assert hyps[3].words == () and hyps[3].total_score == -math.inf
+        for h, n in zip(hyps[:3], (12, 12, 9)):
             assert len(h.words) == 1 and h.words[0] in words
             spelled = tuple(i for i in h.tokens if i not in lang.boundary_ids)
             assert tok.decode(list(spelled)) == h.words[0]
             assert 0 <= h.word_frames[0][0] <= h.word_frames[0][1] < n
     # a free word loop: any number of words
-    for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **search):
+    for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **search)[:3]:
         assert h.words and all(w in words for w in h.words)
 
 
