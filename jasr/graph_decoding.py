@@ -37,7 +37,8 @@ from jasr.hlg import DecodingGraph, grammar_fsa
 from jasr.ngram import NgramLM
 
 __all__ = ["GraphHypothesis", "get_lattice", "one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring",
-           "attention_rescoring", "lattice_lengths", "compact_lattice", "frame_shortest_path"]
+           "attention_rescoring", "lattice_lengths", "compact_lattice", "frame_shortest_path",
+           "canonical_tokens"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +299,7 @@ def _nbest_paths(graph, log_probs, paddings, key, num_paths, nbest_scale, search
     return lat, nb.intersect(lat, use_double_scores=False)
 
 
-def _by_utt(nb: Nbest, values) -> List[List[int]]:
+def _by_utt(nb: Nbest) -> List[List[int]]:
     rs = nb.shape.row_splits(1)
     return [list(range(rs[u], rs[u + 1])) for u in range(nb.shape.dim0)]
 
@@ -313,7 +314,7 @@ def nbest(graph: DecodingGraph, log_probs, paddings, key, *, num_paths: int = 10
     _, nb = _nbest_paths(graph, log_probs, paddings, key, num_paths, nbest_scale, search)
     hyps = _hyps_from_paths(nb.fsa, graph.lang)
     out = []
-    for idx in _by_utt(nb, None):
+    for idx in _by_utt(nb):
         hs = [hyps[i] for i in idx if hyps[i].total_score > -math.inf]
         out.append(sorted(hs, key=lambda h: -h.total_score))
     return out
@@ -349,7 +350,7 @@ def nbest_rescoring(graph: DecodingGraph, log_probs, paddings, lm: NgramLM, key,
     out = {}
     for s in scales:
         res = []
-        for idx in _by_utt(nb, None):
+        for idx in _by_utt(nb):
             cand = [dataclasses.replace(hyps[i], lm_score=lm_scores[i], total_score=hyps[i].am_score
                                         + s * lm_scores[i]) for i in idx if hyps[i].am_score > -math.inf]
             res.append(_best(cand))
@@ -456,16 +457,31 @@ def _rescored_hyp(lang, best: Fsa, j: int, scale: float) -> GraphHypothesis:
 
 
 # ------------------------------------------------------------------ attention-decoder rescoring
+def canonical_tokens(tokens: Sequence[int], boundary) -> List[int]:
+    """`tokens` with each run of word-boundary tokens (ids in `boundary`) made one and those at both ends dropped."""
+    out: List[int] = []
+    for t in tokens:
+        if t in boundary and (not out or out[-1] in boundary):
+            continue
+        out.append(int(t))
+    while out and out[-1] in boundary:
+        out.pop()
+    return out
+
+
 def attention_rescoring(graph: DecodingGraph, log_probs, paddings, score_fn: Callable, key, *,
                         num_paths: int = 100, nbest_scale: float = 0.5,
                         ngram_lm_scales: Sequence[float] = (0.01, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.5, 2.0),
                         attention_scales: Sequence[float] = (0.01, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.5, 2.0),
                         search_beam: float = 20.0, output_beam: float = 8.0, min_active_states: int = 30,
-                        max_active_states: int = 10000) -> dict:
+                        max_active_states: int = 10000,
+                        token_seq_fn: Optional[Callable[[GraphHypothesis], Sequence[int]]] = None) -> dict:
     """icefall's rescore_with_attention_decoder: n-best paths (as `nbest`), each path's token sequence scored by
     ``score_fn(token_seqs: list[list[int]], utt: int32 [N]) -> [N]`` log-probs (e.g. an AED decoder on utterance
     utt's encoder output); the best per (a, b) by am + a * graph lm + b * attention. Returns
-    {"ngram_lm_scale_A_attention_scale_B": [hypothesis per utterance]}."""
+    {"ngram_lm_scale_A_attention_scale_B": [hypothesis per utterance]}. The token sequence of a hypothesis is
+    ``token_seq_fn(hyp)`` (e.g. ``lambda h: tokenizer.encode(h.text)``), by default its emitted tokens with runs of
+    word-boundary tokens made one and those at both ends dropped (a character model's transcript spelling)."""
     if not callable(score_fn):
         raise TypeError(f"score_fn: expected a callable (token_seqs, utt) -> scores, got {type(score_fn).__name__}")
     lm_s, att_s = _scales(ngram_lm_scales, "ngram_lm_scales"), _scales(attention_scales, "attention_scales")
@@ -474,12 +490,14 @@ def attention_rescoring(graph: DecodingGraph, log_probs, paddings, score_fn: Cal
     _, nb = _nbest_paths(graph, log_probs, paddings, key, num_paths, nbest_scale, search)
     hyps = _hyps_from_paths(nb.fsa, graph.lang)
     utt = nb.shape.row_ids(1)
-    att = np.asarray(score_fn([list(h.tokens) for h in hyps], utt), np.float64).reshape(-1) if hyps else \
+    bound = set(graph.lang.boundary_ids)
+    seq_of = token_seq_fn or (lambda h: canonical_tokens(h.tokens, bound))
+    att = np.asarray(score_fn([list(seq_of(h)) for h in hyps], utt), np.float64).reshape(-1) if hyps else \
         np.zeros(0)
     if att.shape != (len(hyps),):
         raise ValueError(f"score_fn: returned {att.shape[0]} scores for {len(hyps)} token sequences")
     out = {}
-    groups = _by_utt(nb, None)
+    groups = _by_utt(nb)
     for a in lm_s:
         for b in att_s:
             res = []

@@ -292,6 +292,13 @@ def test_attention_rescoring_equals_brute_force(graph, inputs, references):
             h = out[f"ngram_lm_scale_0.5_attention_scale_{a_s}"][b]
             assert h.words == exp[1] and h.total_score == pytest.approx(exp[0], abs=1e-4)
             assert h.attention_score == bonus.get(h.tokens, -1.0) and h.am_score <= ref[h.words][1] + 1e-4
+    # the sequences given to score_fn: token_seq_fn's (here the words' lengths), by default canonical tokens
+    seen = []
+    gd.attention_rescoring(graph, lp, pads, lambda seqs, utt: seen.extend(seqs) or np.zeros(len(seqs)),
+                           jax.random.PRNGKey(2), num_paths=300, nbest_scale=0.2, ngram_lm_scales=[1.0],
+                           attention_scales=[1.0], token_seq_fn=lambda h: [len(w) for w in h.words], **SEARCH)
+    assert sorted(map(tuple, seen)) == sorted(tuple(len(w) for w in h.words) for hs in lists for h in hs)
+    assert gd.canonical_tokens([1, 1, 5, 1, 1, 6, 1], {1}) == [5, 1, 6] and gd.canonical_tokens([1], {1}) == []
 
 
 def test_batch_equals_single_and_padding_ignored(graph, inputs):
