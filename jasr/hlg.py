@@ -354,13 +354,35 @@ def _text_fsa(lang: Lang, text: str) -> Fsa:
     return Fsa.from_openfst("\n".join(lines) + "\n", acceptor=True)
 
 
+def _ngram_fsa(lang: Lang, lm: NgramLM) -> Fsa:
+    """ngram_to_fsa on words.txt ids (#0 on backoff arcs); lexicon words the LM lacks get copies of its <unk> arcs
+    when <unk> is in the model (so that G scores them as ``lm.score_words`` does)."""
+    d0 = lang.first_word_disambig_id
+    unk = lm.vocab.words[lm.unk_id]
+    missing = [i for i in range(1, d0) if lang.words[i] not in lm.vocab]
+    if not missing or not lm.unk_in_model or unk in lang.words:
+        return ngram_to_fsa(lm, word_table=lang.words, backoff_label=d0)
+    table = SymbolTable.from_str(lang.words.to_str())
+    tmp = table.add(unk, max(table.ids) + 1)
+    g = ngram_to_fsa(lm, word_table=table, backoff_label=d0)
+    lab = np.asarray(g.label)
+    is_unk = lab == tmp
+    rep = np.flatnonzero(is_unk)
+    keep = np.flatnonzero(~is_unk)
+    idx = np.concatenate([keep, np.repeat(rep, len(missing))])
+    new_lab = np.concatenate([lab[keep], np.tile(np.asarray(missing, np.int32), len(rep))])
+    return arc_sort(Fsa.from_arcs(np.asarray(g.src)[idx], np.asarray(g.dst)[idx], new_lab, np.asarray(g.score)[idx],
+                                  num_states=int(g.num_states)))
+
+
 def grammar_fsa(lang: Lang, grammar: Union[None, NgramLM, Fsa, str, Sequence] = None) -> Fsa:
     """G: an arc-sorted acceptor on words.txt ids, log-probability scores, epsilons (backoff) labelled ``#0``.
 
     grammar: None (every word sequence, score 0: a free word loop); an `NgramLM` (`jasr.ngram.ngram_to_fsa`;
-    LM words outside the lexicon are skipped); an `Fsa` on word ids; OpenFst acceptor text with word symbols
-    (``src dst word [cost]`` lines, final states ``state [cost]``, ``<eps>`` allowed; costs are -ln p, as
-    OpenFst); or a list of allowed sentences (strings or word lists; ``[[w] for w in words]``: one word)."""
+    LM words outside the lexicon are skipped, lexicon words outside the LM take its <unk> arcs if it has any); an
+    `Fsa` on word ids; OpenFst acceptor text with word symbols (``src dst word [cost]`` lines, final states
+    ``state [cost]``, ``<eps>`` allowed; costs are -ln p, as OpenFst); or a list of allowed sentences (strings or word
+    lists; ``[[w] for w in words]``: one word)."""
     d0 = lang.first_word_disambig_id
     if grammar is None:
         n = d0 - 1
@@ -368,7 +390,7 @@ def grammar_fsa(lang: Lang, grammar: Union[None, NgramLM, Fsa, str, Sequence] = 
         dst = np.append(np.zeros(n, np.int64), 1)
         g = Fsa.from_arcs(src, dst, np.append(np.arange(1, n + 1), -1), np.zeros(n + 1, np.float32), num_states=2)
     elif isinstance(grammar, NgramLM):
-        g = ngram_to_fsa(grammar, word_table=lang.words, backoff_label=d0)
+        g = _ngram_fsa(lang, grammar)
     elif isinstance(grammar, Fsa):
         if grammar.is_batch:
             raise ValueError("grammar: expected a single Fsa, got a batch")

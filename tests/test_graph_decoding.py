@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from fsa_ops import SymbolTable, shortest_path
+from fsa_ops import (SymbolTable, arc_sort, connect, create_fsa_vec, get_tot_scores, intersect, linear_fsa,
+                     shortest_path, top_sort)
 from jasr import graph_decoding as gd
 from jasr import hlg
 from jasr.ngram import read_arpa
@@ -171,6 +172,25 @@ def test_lang_tables_and_disambiguation(lang, tmp_path):
         assert back.tokens == lg.tokens
         assert back.words == lg.words and back.boundary_ids == lg.boundary_ids
         assert back.word_boundary == lg.word_boundary
+
+
+def test_ngram_grammar_scores_equal_lm(lang, lms):
+    """G's best path for a sentence (backoff #0 read as epsilon) equals lm.score_sentence, for the test LMs and for
+    an LM that lacks lexicon words (they take its <unk> arcs)."""
+    unk_lm = read_arpa("\\data\\\nngram 1=5\nngram 2=1\n\n\\1-grams:\n-1 </s>\n-99 <s> -0.5\n-0.7 A -0.2\n"
+                       "-1.5 <unk> -0.1\n-0.4 C -0.3\n\n\\2-grams:\n-0.2 A <unk>\n\n\\end\\\n")
+    sents = [[], ["A"], ["A", "BC"], ["AB", "SEA"], ["C", "C", "SEA"], ["BC", "AB", "A"]]
+    paths, exp = [], []
+    for lm in (*lms, unk_lm):
+        G = hlg.grammar_fsa(lang, lm)
+        lab = np.asarray(G.label).copy()
+        lab[lab == lang.first_word_disambig_id] = 0
+        G = arc_sort(G.replace(label=lab))
+        for sent in sents:
+            paths.append(top_sort(connect(intersect(G, linear_fsa([lang.words[w] for w in sent])))))
+            exp.append(lm.score_sentence(sent))
+    best = get_tot_scores(create_fsa_vec(paths), log_semiring=False, use_double_scores=False)
+    np.testing.assert_allclose(np.asarray(best), exp, atol=1e-4)
 
 
 def test_one_best_equals_brute_force(lang, graph, inputs, references):
