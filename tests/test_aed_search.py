@@ -181,3 +181,43 @@ def test_task_beam_decode_hook(aed):
     np.testing.assert_array_equal(one["ids"][:, 0], toks)
     with pytest.raises(ValueError):
         SearchOptions(beam_size=2, nbest=3)
+
+
+def test_greedy_early_stop_equals_a_full_length_scan(aed):
+    """greedy_search (while_loop, stops when every row has emitted eos) gives the tokens, paddings and scores of a
+    scan over all max_len steps written here (the former implementation), for a row that ends early too."""
+    cfg, model, variables, x, pad = aed
+    eos, max_len = cfg.eos_token, 12
+
+    @jax.jit
+    def scan_reference(vv):
+        enc, enc_pad, _ = model.apply(vv, x, pad, method=AEDModel.encode)
+        st = model.apply(vv, enc, enc_pad, max_len + 1, method=AEDModel.init_state)
+
+        def body(carry, t):
+            tok, st, done, score = carry
+            logits, st = model.apply(vv, tok, t, st, method=AEDModel.step)
+            logp = jax.nn.log_softmax(logits, -1)
+            nxt = jnp.argmax(logp, -1).astype(jnp.int32)
+            score = score + jnp.where(done, 0.0, jnp.take_along_axis(logp, nxt[:, None], -1)[:, 0])
+            nxt = jnp.where(done, eos, nxt)
+            return (nxt, st, done | (nxt == eos), score), nxt
+
+        init = (jnp.full((2,), cfg.sos_token, jnp.int32), st, jnp.zeros((2,), bool), jnp.zeros((2,)))
+        (_, _, _, score), toks = jax.lax.scan(body, init, jnp.arange(max_len))
+        return toks.T, score
+
+    for bias in (None, 3.0, 4.0):   # as initialised (no row ends); one row ends at once; both do
+        vv = variables
+        if bias:
+            vv = jax.tree_util.tree_map(lambda a: a, variables)
+            out = vv["params"]["decoder"]["output"]
+            out["bias"] = out["bias"].at[eos].add(bias)
+        ref_toks, ref_score = scan_reference(vv)
+        toks, tpad, score = jax.jit(lambda v: greedy_search(model, v, x, pad, max_len))(vv)
+        np.testing.assert_array_equal(toks, ref_toks)
+        np.testing.assert_allclose(score, ref_score, rtol=1e-5, atol=1e-6)
+        lengths = (1 - np.asarray(tpad)).sum(1)
+        assert all(eos not in list(np.asarray(toks[i, :int(n)])) for i, n in enumerate(lengths))
+        if bias:
+            assert lengths.min() < max_len          # a row ended early
