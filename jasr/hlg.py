@@ -45,11 +45,12 @@ _DISAMBIG = re.compile(r"#[0-9]+")
 
 
 def _text(path_or_text: Union[str, os.PathLike]) -> str:
+    """A str with a newline is the text itself (as jasr.ngram.read_arpa); anything else is a path."""
     s = os.fspath(path_or_text)
-    if "\n" in s or not os.path.exists(s):
-        if "\n" not in s and s.strip() and len(s.split()) == 1:
-            raise FileNotFoundError(f"no such file: {s!r} (pass a path, or the text itself with a newline)")
+    if isinstance(s, str) and "\n" in s:
         return s
+    if not os.path.exists(s):
+        raise FileNotFoundError(f"no such file: {s!r} (pass a path, or the text itself with a newline)")
     with open(s, encoding="utf-8") as f:
         return f.read()
 

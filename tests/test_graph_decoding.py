@@ -381,6 +381,14 @@ def test_errors_name_the_argument(lang, graph, inputs):
         gd.one_best(object(), lp, pads)
     with pytest.raises(ValueError, match="entries\\[0\\]: token 'z'"):
         hlg.make_lang([("X", ("z",), 0.0)], SymbolTable.from_str(TOKENS))
+    with pytest.raises(ValueError, match="lexicon line 2: the probability must be in"):
+        hlg.read_lexicon("A 1.0 a\nB 1.5 b\n", with_probs=True)
+    with pytest.raises(ValueError, match="lexicon line 1: expected a word and at least one token"):
+        hlg.read_lexicon("A\n")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        hlg.read_lexicon("missing/lexicon.txt")
+    with pytest.raises(ValueError, match="L o G is empty"):
+        hlg.compile_lg(lang, "0 1 A 0\n")            # no final state: no sentence
     with pytest.raises(ValueError, match="lm_scales"):
         gd.whole_lattice_rescoring(graph, lp, pads, read_arpa(ARPA2), lm_scales=[0.0])
 
