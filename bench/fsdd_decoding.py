@@ -39,6 +39,8 @@ def methods(lm_path: str) -> list[tuple[str, dict]]:
                                                          "grammar": ""}),
         ("lexicon + grammar (one digit word), beam 8", {"method": "lexicon", "beam": 8, "lexicon": lex,
                                                         "grammar": gram, "lm_weight": 1.0}),
+        ("graph: HLG of lexicon and grammar, one best", {"method": "graph", "lexicon": lex, "grammar": gram,
+                                                         "lm_weight": 1.0}),
     ]
     return rows
 

@@ -12,7 +12,8 @@ section, see :func:`settings_from_config`, with decode.py's flags on top) into t
   without a CTC head, its attention decoder's beam search (:meth:`jasr.tasks.Task.beam_decode`: AED with length
   normalisation and optional joint CTC prefix scores, Whisper with the KV cache over its first 30 s window);
 * ``lexicon``: the same search constrained to the words of ``lexicon``, with ``lm`` (or ``grammar``) fused;
-* ``graph``: HLG decoding (jasr.graph_decoding) of ``lexicon`` composed with ``grammar`` (or ``lm``).
+* ``graph``: HLG decoding (:func:`jasr.hlg.compile_hlg` of ``lexicon`` and ``grammar`` or ``lm``;
+  :func:`jasr.graph_decoding.one_best` over ``intersect_dense_pruned``, ``lm_weight`` as the graph's scale).
 
 Results are dicts: ``id``, ``ref``, ``hyp``, ``tokens``, ``score``, ``duration``, ``nbest`` ([{"text", "score"}]
 with n-best > 1), ``words`` ([{"word", "start", "end"}] where the method gives token frames), or ``error``.
@@ -37,6 +38,8 @@ from jasr.audio import AudioError, audio_info
 from jasr.config import apply_override, check_decode, load_config_file
 from jasr.ctc_beam import ctc_prefix_beam_search, word_timestamps
 from jasr.errors import ConfigError
+from jasr.graph_decoding import one_best
+from jasr.hlg import compile_hlg, lang_from_tokenizer
 from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, word_boundaries
 from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, check_utterances, read_folder, read_manifest
 from jasr.ngram import read_arpa
@@ -210,6 +213,7 @@ class Searcher:
     word_start_ids: tuple
     search: Callable | None = None
     description: str = "greedy (CTC best path)"
+    graph: bool = False                # search returns jasr.graph_decoding hypotheses
 
 
 def spelled_words(words, tokenizer) -> tuple[list[str], list[str]]:
@@ -236,8 +240,7 @@ def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int)
     if s.method == "greedy":
         return base
     if s.method == "graph":
-        raise ConfigError("decode method 'graph' is not available yet (jasr.graph_decoding has not landed); use "
-                          "'lexicon' with the same lexicon and grammar")
+        return graph_searcher(base, s, tokenizer)
     lm_path = s.lm or (s.grammar if s.method == "lexicon" else "")
     try:
         lm = read_arpa(lm_path) if lm_path else None
@@ -274,6 +277,26 @@ def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int)
     desc += f"{', word bonus %g' % s.word_bonus if s.word_bonus else ''}{', hotwords' if hot else ''})"
     return dataclasses.replace(base, search=lambda lp, pads: ctc_prefix_beam_search(lp, pads, **kw),
                                description=desc)
+
+
+def graph_searcher(base: Searcher, s, tokenizer) -> Searcher:
+    """HLG of the lexicon's words and the grammar (or LM) ARPA, decoded by one_best with lm_scale = lm_weight."""
+    words, unspellable = spelled_words(read_word_list(s.lexicon), tokenizer)
+    if unspellable:
+        raise ConfigError(f"decode: {len(unspellable)} lexicon words cannot be spelled with the run's tokenizer, "
+                          f"e.g. {unspellable[:3]}")
+    path = s.grammar or s.lm
+    try:
+        graph = compile_hlg(lang_from_tokenizer(words, tokenizer), read_arpa(path))
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"decode: cannot build HLG from {s.lexicon} and {path}: {e}") from e
+    if not s.lm_weight > 0:
+        raise ConfigError("decode setting 'lm_weight' must be > 0 for method 'graph' (the graph's scale)")
+    arcs = int(np.asarray(graph.fsa.num_arcs))
+    desc = (f"graph (HLG of {len(words)} lexicon words and {os.path.basename(path)}, {arcs} arcs, one best over "
+            f"intersect_dense_pruned, graph scale {s.lm_weight})")
+    return dataclasses.replace(base, search=lambda lp, pads: one_best(graph, lp, pads, lm_scale=float(s.lm_weight)),
+                               description=desc, graph=True)
 
 
 def ctc_log_probs(task, state, batch: dict) -> tuple[jax.Array, jax.Array] | None:
@@ -325,6 +348,22 @@ def _attention_row(out: dict, r: int) -> dict:
     hyps = [(out["ids"][r, k, :int(out["lengths"][r, k])].tolist(), float(out["scores"][r, k]))
             for k in range(out["ids"].shape[1]) if out["scores"][r, k] > -np.inf]
     return {"tokens": hyps[0][0] if hyps else [], "score": hyps[0][1] if hyps else float("-inf"), "nbest": hyps}
+
+
+def _graph_rows(search: Callable, lp: np.ndarray, pads: np.ndarray) -> list[dict]:
+    """Graph hypotheses of the rows with frames (the loader's padding rows have none)."""
+    frames = np.sum(pads < 0.5, axis=1)
+    live = np.nonzero(frames > 0)[0]
+    hyps = dict(zip(live.tolist(), search(lp[live], pads[live]))) if len(live) else {}
+    rows = []
+    for r in range(lp.shape[0]):
+        h = hyps.get(r)
+        rows.append({"tokens": [], "text": "", "score": float("-inf"), "nbest": [], "word_frames": [],
+                     "num_frames": 0} if h is None else
+                    {"tokens": list(h.tokens), "text": h.text, "score": float(h.total_score), "nbest": [],
+                     "word_frames": [(w, int(a), int(b)) for w, (a, b) in zip(h.words, h.word_frames)],
+                     "num_frames": int(frames[r])})
+    return rows
 
 
 def _text(tokenizer, ids) -> str:
@@ -380,8 +419,12 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
             if ctc:
                 lp, pads = fn(run.state, audio)
                 pads_np = np.asarray(pads)
-                rows = (_greedy_rows(np.asarray(lp), pads_np, task.blank_id) if searcher.search is None
-                        else _beam_rows(searcher.search(lp, pads), pads_np))
+                if searcher.search is None:
+                    rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
+                elif searcher.graph:
+                    rows = _graph_rows(searcher.search, np.asarray(lp), pads_np)
+                else:
+                    rows = _beam_rows(searcher.search(lp, pads), pads_np)
             elif att_beam:
                 out = jax.device_get(fn(run.state, audio))
                 rows = [_attention_row(out, r) for r in range(len(ids))]
@@ -413,13 +456,16 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
 
 
 def _result(uid: str, ref: str, duration: float, row: dict, tok, searcher: Searcher | None, shift: float) -> dict:
-    res = {"id": uid, "ref": ref, "hyp": _text(tok, row["tokens"]), "tokens": row["tokens"],
-           "duration": round(duration, 3)}
+    res = {"id": uid, "ref": ref, "hyp": row["text"] if "text" in row else _text(tok, row["tokens"]),
+           "tokens": row["tokens"], "duration": round(duration, 3)}
     if "score" in row:
         res["score"] = row["score"]
     if len(row["nbest"]) > 1:
         res["nbest"] = [{"text": _text(tok, t), "score": s} for t, s in row["nbest"]]
-    if searcher is not None:
+    if "word_frames" in row:
+        res["words"] = [{"word": w, "start": round(a * shift, 3), "end": round(min((b + 1) * shift, duration), 3)}
+                        for w, a, b in row["word_frames"]]
+    elif searcher is not None:
         words = word_timestamps(row["tokens"], row["frames"], searcher.boundary_ids, searcher.word_start_ids,
                                 frame_shift=shift, num_frames=row["num_frames"]) if row["tokens"] else []
         res["words"] = [{"word": _text(tok, w), "start": round(s, 3), "end": round(min(e, duration), 3)}

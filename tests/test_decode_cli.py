@@ -105,6 +105,20 @@ def test_beam_nbest_and_lm_beam(run, tmp_path, capsys):
     assert "10 lexicon words, word 2-gram LM fsdd_grammar.arpa x 2" in out   # the LM's words spell its words
 
 
+def test_graph_method(run, tmp_path, capsys):
+    workdir, manifest, ids = run
+    out_path = tmp_path / "graph.jsonl"
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path,
+                          "--method", "graph")                 # the config's lexicon and grammar
+    assert rc == 0, err
+    assert "graph (HLG of 10 lexicon words and fsdd_grammar.arpa" in out
+    res = read_jsonl(out_path)
+    assert [r["id"] for r in res] == ids
+    for r in res:             # HLG holds the grammar: one digit word (or nothing where no path survives)
+        assert r["hyp"] in DIGITS | {""} and [w["word"] for w in r["words"]] == r["hyp"].split()
+        assert all(0 <= w["start"] < w["end"] <= r["duration"] + 1e-6 for w in r["words"])
+
+
 def test_formats_files_in_order_and_an_unreadable_file(run, tmp_path, capsys):
     workdir, manifest, ids = run
     rows = read_jsonl(manifest)
