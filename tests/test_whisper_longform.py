@@ -209,3 +209,20 @@ def test_whisper_task_hooks(models):
     assert [r["tokens"] for r in segs] == [r["tokens"] for r in direct] == task.transcribe(
         params, {}, batch, LongFormOptions(temperatures=(0.0,)))
     assert all("start" in s and "end" in s for r in segs for s in r["segments"])
+
+
+def test_openai_defaults_match_transformers_when_no_window_falls_back(models):
+    """openai-whisper's defaults (temperatures 0.0 .. 1.0, thresholds 2.4 / -1.0 / 0.6, conditioning) against
+    transformers with the same arguments, on audio where every window passes at temperature 0."""
+    hf, model, params, settings = models
+    feats, n = _feats(1, 110, seed=12), 110
+    mine = transcribe_longform(model, params, feats, settings, key=jax.random.PRNGKey(0), max_new_tokens=16,
+                               language="en")[0]
+    assert all(len(w["attempts"]) == 1 and not w["skipped"] for w in mine["windows"]) and len(mine["windows"]) > 2
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(feats), attention_mask=torch.ones((1, n), dtype=torch.long),
+                          generation_config=transformers.GenerationConfig(**GEN), max_new_tokens=16, language="en",
+                          return_timestamps=True, return_segments=True, temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+                          compression_ratio_threshold=2.4, logprob_threshold=-1.0, no_speech_threshold=0.6,
+                          condition_on_prev_tokens=True)
+    assert [s["tokens"] for s in mine["segments"]] == [s["tokens"].tolist() for s in out["segments"][0]]
