@@ -267,23 +267,30 @@ def one_best(graph: DecodingGraph, log_probs, paddings, *, search_beam: float = 
 
 # ------------------------------------------------------------------ n-best
 def compact_lattice(lattice: Fsa) -> Fsa:
-    """The lattice with its pruned (-inf) and padding arcs dropped, connected (still top-sorted): an FsaVec."""
-    lat = lattice.to_numpy()
+    """The lattice with its pruned (-inf) and padding arcs dropped, connected (still top-sorted): an FsaVec.
+    Only the scores travel to the host whole; the kept arcs are gathered on the device first."""
+    score = np.asarray(jax.lax.stop_gradient(lattice.score))
+    B, A = score.shape
+    na, ns = np.asarray(lattice.num_arcs), np.asarray(lattice.num_states)
+    keep = np.isfinite(score) & (np.arange(A)[None] < na[:, None]) & (ns[:, None] > 0)
+    flat = np.flatnonzero(keep)
+    counts = keep.sum(1)
+    splits = np.concatenate([[0], np.cumsum(counts)])
+    idx = jnp.asarray(flat, jnp.int32)
+
+    def pick(x):
+        x = jnp.asarray(x)
+        return np.asarray(x.reshape((B * A,) + x.shape[2:])[idx])
+    src, dst, label = pick(lattice.src), pick(lattice.dst), pick(lattice.label)
+    attrs = {k: (Ragged(pick(v.values), pick(v.lengths)) if isinstance(v, Ragged) else pick(v))
+             for k, v in lattice.attrs.items()}
     out = []
-    for b in range(len(lat)):
-        n = int(lat.num_arcs[b])
-        keep = np.isfinite(np.asarray(lat.score[b, :n]))
-        if int(lat.num_states[b]) == 0 or not keep.any():
-            keep[:] = False
-        attrs = {}
-        for k, v in lat.attrs.items():
-            if isinstance(v, Ragged):
-                attrs[k] = Ragged(np.asarray(v.values)[b, :n][keep], np.asarray(v.lengths)[b, :n][keep])
-            else:
-                attrs[k] = np.asarray(v)[b, :n][keep]
-        f = Fsa.from_arcs(lat.src[b, :n][keep], lat.dst[b, :n][keep], lat.label[b, :n][keep],
-                          lat.score[b, :n][keep], num_states=int(lat.num_states[b]) if keep.any() else 0,
-                          attrs=attrs, sort=False)
+    for b in range(B):
+        sl = slice(int(splits[b]), int(splits[b + 1]))
+        f = Fsa.from_arcs(src[sl], dst[sl], label[sl], score.reshape(-1)[flat[sl]],
+                          num_states=int(ns[b]) if counts[b] else 0, sort=False,
+                          attrs={k: (Ragged(v.values[sl], v.lengths[sl]) if isinstance(v, Ragged) else v[sl])
+                                 for k, v in attrs.items()})
         out.append(connect(f))
     return create_fsa_vec(out)
 
@@ -431,29 +438,30 @@ def whole_lattice_rescoring(graph: DecodingGraph, log_probs, paddings, lm, *,
     for s in scales:
         live = [r.replace(score=(r.attrs["am"] + np.float32(s) * r.attrs["lm_scores"]).astype(np.float32))
                 for r in res if r is not None]
-        best = shortest_path(create_fsa_vec(live), use_double_scores=False) if live else None
-        hyps, j = [], 0
-        for r in res:
-            if r is None:
-                hyps.append(_empty_hyp())
-                continue
-            hyps.append(_rescored_hyp(graph.lang, best, j, s))
-            j += 1
-        out[f"lm_scale_{s}"] = hyps
+        found = iter(_rescored_hyps(graph.lang, shortest_path(create_fsa_vec(live), use_double_scores=False), s)
+                     if live else [])
+        out[f"lm_scale_{s}"] = [_empty_hyp() if r is None else next(found) for r in res]
     return out
 
 
-def _rescored_hyp(lang, best: Fsa, j: int, scale: float) -> GraphHypothesis:
-    if int(np.asarray(best.num_states)[j]) == 0:
-        return _empty_hyp()
-    n = int(np.asarray(best.num_arcs)[j])
-    label = np.asarray(best.label)[j, :n]
-    get = lambda k: np.asarray(best.attrs[k])[j, :n]    # noqa: E731
-    flab = get("flab1") - 1
-    frame = np.where(flab >= 0, get("frame1") - 1, -1)
-    words = [[int(w)] if w > 0 else [] for w in label]
-    return _hypothesis(lang, _spellings(lang), words, np.where(frame >= 0, flab, -1), get("tok"), frame,
-                       get("am").astype(np.float64), get("lm_scores").astype(np.float64), scale)
+def _rescored_hyps(lang, best: Fsa, scale: float) -> List[GraphHypothesis]:
+    """Hypotheses from the best paths of rescored word lattices (`_word_acceptor` attributes plus lm_scores)."""
+    ns, na = np.asarray(best.num_states), np.asarray(best.num_arcs)
+    W = max(int(na.max(initial=0)), 1)
+    label = np.asarray(best.label)[:, :W]
+    at = {k: np.asarray(best.attrs[k])[:, :W] for k in ("flab1", "frame1", "tok", "am", "lm_scores")}
+    spell, out = _spellings(lang), []
+    for j in range(label.shape[0]):
+        if ns[j] == 0:
+            out.append(_empty_hyp())
+            continue
+        n = int(na[j])
+        flab = at["flab1"][j, :n] - 1
+        frame = np.where(flab >= 0, at["frame1"][j, :n] - 1, -1)
+        words = [[int(w)] if w > 0 else [] for w in label[j, :n]]
+        out.append(_hypothesis(lang, spell, words, np.where(frame >= 0, flab, -1), at["tok"][j, :n], frame,
+                               at["am"][j, :n].astype(np.float64), at["lm_scores"][j, :n].astype(np.float64), scale))
+    return out
 
 
 # ------------------------------------------------------------------ attention-decoder rescoring
