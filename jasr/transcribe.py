@@ -228,6 +228,11 @@ def spelled_words(words, tokenizer) -> tuple[list[str], list[str]]:
     return ok, bad
 
 
+def unspellable_note(words: list[str]) -> str:
+    """The description's note on lexicon words the tokenizer cannot spell ("" when there are none)."""
+    return f" ({len(words)} that the run's tokenizer cannot spell left out, e.g. {words[:3]})" if words else ""
+
+
 def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int) -> Searcher:
     """The CTC search of `settings` (see the module docstring) for a run's tokenizer. Raises ConfigError for a
     lexicon or LM that does not fit the tokenizer."""
@@ -252,9 +257,6 @@ def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int)
     lexicon = None
     if words:
         words, unspellable = spelled_words(words, tokenizer)
-        if s.lexicon and unspellable:
-            raise ConfigError(f"decode: {len(unspellable)} lexicon words cannot be spelled with the run's tokenizer, "
-                              f"e.g. {unspellable[:3]}")
         if not words:
             raise ConfigError("decode: no word of the lexicon / LM can be spelled with the run's tokenizer")
         if not boundary and not start:
@@ -272,6 +274,7 @@ def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int)
     desc = f"{s.method} (CTC prefix beam search, beam {s.beam}"
     if lexicon is not None:
         desc += f", {'constrained to ' if s.method == 'lexicon' else ''}{len(words)} lexicon words"
+        desc += unspellable_note(unspellable)
     if lm is not None:
         desc += f", word {lm.order}-gram LM {os.path.basename(lm_path)} x {s.lm_weight}"
     desc += f"{', word bonus %g' % s.word_bonus if s.word_bonus else ''}{', hotwords' if hot else ''})"
@@ -282,9 +285,8 @@ def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int)
 def graph_searcher(base: Searcher, s, tokenizer) -> Searcher:
     """HLG of the lexicon's words and the grammar (or LM) ARPA, decoded by one_best with lm_scale = lm_weight."""
     words, unspellable = spelled_words(read_word_list(s.lexicon), tokenizer)
-    if unspellable:
-        raise ConfigError(f"decode: {len(unspellable)} lexicon words cannot be spelled with the run's tokenizer, "
-                          f"e.g. {unspellable[:3]}")
+    if not words:
+        raise ConfigError("decode: no word of the lexicon can be spelled with the run's tokenizer")
     path = s.grammar or s.lm
     try:
         graph = compile_hlg(lang_from_tokenizer(words, tokenizer), read_arpa(path))
@@ -293,7 +295,8 @@ def graph_searcher(base: Searcher, s, tokenizer) -> Searcher:
     if not s.lm_weight > 0:
         raise ConfigError("decode setting 'lm_weight' must be > 0 for method 'graph' (the graph's scale)")
     arcs = int(np.asarray(graph.fsa.num_arcs))
-    desc = (f"graph (HLG of {len(words)} lexicon words and {os.path.basename(path)}, {arcs} arcs, one best over "
+    desc = (f"graph (HLG of {len(words)} lexicon words{unspellable_note(unspellable)} and "
+            f"{os.path.basename(path)}, {arcs} arcs, one best over "
             f"intersect_dense_pruned, graph scale {s.lm_weight})")
     return dataclasses.replace(base, search=lambda lp, pads: one_best(graph, lp, pads, lm_scale=float(s.lm_weight)),
                                description=desc, graph=True)
