@@ -360,9 +360,13 @@ def test_one_word_grammar_char_model():
             spelled = tuple(i for i in h.tokens if i not in lang.boundary_ids)
             assert tok.decode(list(spelled)) == h.words[0]
             assert 0 <= h.word_frames[0][0] <= h.word_frames[0][1] < n
-    # a free word loop: any number of words
-    for h in gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **search)[:3]:
+    # a free word loop with required boundaries: any number of words, a space between two words
+    lang = hlg.lang_from_tokenizer(words, tok, word_boundary="required")
+    hyps = gd.one_best(hlg.compile_hlg(lang, None), lp, pads, **search)[:3]
+    assert max(len(h.words) for h in hyps) >= 2
+    for h in hyps:
         assert h.words and all(w in words for w in h.words)
+        assert tok.decode(gd.canonical_tokens(h.tokens, set(lang.boundary_ids))) == h.text
 
 
 def test_errors_name_the_argument(lang, graph, inputs):
