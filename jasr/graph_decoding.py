@@ -4,7 +4,8 @@ The search is fsa_ops' jit-compiled `intersect_dense_pruned` (beams and active-s
 log-probs [B, T, V] with paddings [B, T] (1.0 on padded frames, after the valid ones); then, as icefall's
 ``icefall/decode.py``:
 
-- `one_best`: the lattice's best path (`fsa_ops.shortest_path`, tropical semiring);
+- `one_best`: the lattice's best path (tropical semiring; `frame_shortest_path`, equal to `fsa_ops.shortest_path`
+  but a scan over frames on the device);
 - `nbest`: `fsa_ops.Nbest.from_lattice` (random paths, explicit PRNG key, scores scaled by `nbest_scale`), one
   path per distinct word sequence (its best path in the lattice, `Nbest.intersect`), sorted by total score;
 - `nbest_rescoring`: those paths' words re-scored with a (larger) `jasr.ngram.NgramLM`, for several ``lm_scale``s;
