@@ -12,6 +12,10 @@ from jasr.data import BatchConfig, DataError, compute_cmvn_stats, make_loader
 from jasr.decoding import ctc_greedy_decode, ctc_greedy_ids, ids_to_text
 from jasr.features import (CmvnStats, FeatureConfig, compute_features, compute_features_jax, fbank, mfcc, num_frames,
                            whisper_log_mel)
+from jasr.graph_decoding import (GraphHypothesis, attention_rescoring, get_lattice, nbest, nbest_rescoring, one_best,
+                                  whole_lattice_rescoring)
+from jasr.hlg import (DecodingGraph, Lang, compile_hlg, compile_lg, compile_tlg, grammar_fsa, lang_from_tokenizer,
+                      lexicon_fst, load_lang, make_lang, read_lexicon, save_lang)
 from jasr.lexicon import Hotwords, Lexicon, lexicon_from_tokenizer, make_hotwords, make_lexicon, word_boundaries
 from jasr.losses import ctc_loss, joint_ctc_attention_loss, wav2vec2_ctc_loss
 from jasr.manifests import ManifestError, Utterance, read_folder, read_manifest, write_manifest
@@ -32,5 +36,9 @@ __all__ = [
     "ctc_greedy_decode", "ctc_greedy_ids", "ids_to_text", "wer", "cer",
     "ctc_prefix_beam_search", "BeamSearchResult", "nbest_lists", "word_timestamps",
     "Lexicon", "Hotwords", "make_lexicon", "lexicon_from_tokenizer", "make_hotwords", "word_boundaries",
+    "Lang", "DecodingGraph", "read_lexicon", "make_lang", "lang_from_tokenizer", "save_lang", "load_lang",
+    "lexicon_fst", "grammar_fsa", "compile_lg", "compile_hlg", "compile_tlg",
+    "GraphHypothesis", "get_lattice", "one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring",
+    "attention_rescoring",
     "NgramLM", "read_arpa", "write_arpa", "ngram_to_fsa", "estimate_kneser_ney",
 ]
