@@ -646,19 +646,3 @@ def test_double_scores_without_x64_warn_once_for_the_users_option(monkeypatch):
         ctc_loss(g, dv, use_double_scores=False)
         intersect_dense(g, dv, output_beam=10.0)
         intersect_dense_pruned(g, dv, 20, 8, 1, 10)
-
-
-def test_double_scores_with_x64():
-    rng = np.random.default_rng(7)
-    lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, 6, 4)), jnp.float32))
-    g = ctc_graph([[1, 2], [3, 3, 1]])
-    segs = np.array([[0, 0, 6], [1, 0, 5]], np.int32)
-    t32 = dense_tot_scores(g, DenseFsaVec(lp, segs))
-    with jax.enable_x64(True):
-        t64 = dense_tot_scores(g, DenseFsaVec(lp, segs), use_double_scores=True)
-        assert t64.dtype == jnp.float64
-        gr = jax.grad(lambda x: ctc_loss(g, DenseFsaVec(x, segs)))(lp)
-        assert gr.dtype == jnp.float32 and not np.any(np.isnan(np.asarray(gr)))
-        lat = intersect_dense_pruned(g, DenseFsaVec(lp, segs), 20, 8, 1, 10)
-        _close(get_tot_scores(lat, use_double_scores=True), t64, 1e-5)
-    _close(t64, t32, 1e-5)

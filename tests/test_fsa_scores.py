@@ -277,24 +277,7 @@ def test_double_scores_without_x64_warn_once(monkeypatch):
         monkeypatch.setattr(scores_mod, "_warned_float32", False)
         for fn in (get_tot_scores, get_forward_scores, get_backward_scores, get_arc_post, shortest_path):
             assert fn(f, use_double_scores=False) is not None
-        with jax.enable_x64(True):
-            assert get_tot_scores(f.to_jax()).dtype == jnp.float64
     for fn in (get_forward_scores, get_backward_scores, get_arc_post, shortest_path):
         monkeypatch.setattr(scores_mod, "_warned_float32", False)
         with pytest.warns(Float32ScoresWarning):
             fn(f)
-
-
-def test_use_double_scores_with_x64():
-    f = create_fsa_vec([Fsa.from_str("0 1 1 1.0\n0 1 2 2.0\n0 2 3 0.3\n1 2 4 0.5\n2 3 -1 0.1\n3")])
-    ref = np.logaddexp(np.logaddexp(1.5, 2.5), 0.3) + 0.1
-    with jax.enable_x64(True):
-        fj = f.to_jax()
-        tot = get_tot_scores(fj, use_double_scores=True)
-        assert tot.dtype == jnp.float64 and abs(float(tot[0]) - ref) < 1e-6
-        assert get_tot_scores(fj, use_double_scores=False).dtype == jnp.float32
-        g = jax.grad(lambda s: jnp.sum(get_tot_scores(fj.replace(score=s))))(fj.score)
-        assert g.dtype == fj.score.dtype
-        np.testing.assert_allclose(np.asarray(g[0]), np.exp(oracle.arc_post(f[0])), atol=1e-6)
-        p = shortest_path(fj)
-        assert abs(float(np.sum(np.asarray(p.score)[0, :int(p.num_arcs[0])])) - 2.6) < 1e-6
