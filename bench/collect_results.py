@@ -20,6 +20,8 @@ SECTIONS = [
      "lexicon-by-grammar graph (issue: fsa_ops)", "./run.sh bench fsa_structure"),
     ("decode.md", "CTC prefix beam search with a word n-gram LM vs pyctcdecode + kenlm (issue: decoding)",
      "python bench/decode.py --venv VENV_WITH_PYCTCDECODE_AND_KENLM"),
+    ("fsdd_decoding.md", "FSDD held-out speaker WER per decoding method (issue: decoding)",
+     "python bench/fsdd_decoding.py --workdir runs/fsdd"),
     ("models.md", "Whisper / Wav2Vec2 in jasr vs transformers (issue: models)", "./run.sh bench models"),
 ]
 

@@ -267,7 +267,8 @@ def _log_failed(skips: SkipLog, step: int, split: str, ids, errors, data: RunDat
 
 
 def _check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
-    """A run may only resume with the config it started with (num_steps and display options may change)."""
+    """A run may only resume with the config it started with (num_steps, display options and the decode section,
+    which training does not read, may change)."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
@@ -279,7 +280,8 @@ def _check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
             else:
                 yield prefix + (k,), (list(v) if isinstance(v, tuple) else v)
     a, b = dict(flat(load_saved_config(path).to_dict())), dict(flat(cfg.to_dict()))
-    diff = sorted(".".join(k) for k in set(a) | set(b) if k not in _RESUMABLE_CHANGES and a.get(k) != b.get(k))
+    diff = sorted(".".join(k) for k in set(a) | set(b)
+                  if k not in _RESUMABLE_CHANGES and k[0] != "decode" and a.get(k) != b.get(k))
     if diff:
         raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(diff[:5])} differ); "
                           f"resume with the same config or use a new --workdir")
