@@ -143,20 +143,24 @@ class WhisperTask(Task):
         smoothed, nll = losses.label_smoothed_nll(logits, targets, self.label_smoothing)
         return jnp.sum(smoothed * w), (jnp.maximum(jnp.sum(w), 1.0), {}, {"nll": jnp.sum(nll * w)})
 
-    def greedy_decode(self, params, model_state, batch):
+    def decode_window(self, params, batch, num_beams: int = 1, length_penalty: float = 1.0):
+        """One 30 s window per row after the task's prompt: (ids [B, L], lengths [B], scores [B])."""
         feats = jnp.swapaxes(batch["features"], 1, 2)
-        b = feats.shape[0]
-        p = len(self.prompt)
+        b, p = feats.shape[0], len(self.prompt)
         opts = DecodeOptions(max_new_tokens=self.max_new_tokens(p), eos_token_id=self.eos_id,
-                             pad_token_id=self.eos_id, suppress_tokens=self.suppress_tokens,
-                             begin_suppress_tokens=self.begin_suppress_tokens)
+                             pad_token_id=self.eos_id, num_beams=num_beams, suppress_tokens=self.suppress_tokens,
+                             begin_suppress_tokens=self.begin_suppress_tokens, length_penalty=length_penalty)
         enc = self.model.apply({"params": params}, feats, method="encode")
         prompt = jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p))
-        seqs, _ = generate_from_encoder(self.model, params, enc, prompt, opts)
+        seqs, scores = generate_from_encoder(self.model, params, enc, prompt, opts)
         generated = seqs[:, p:]
         is_eos = generated == self.eos_id
         lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), generated.shape[1])
-        return generated.astype(jnp.int32), lengths.astype(jnp.int32)
+        return generated.astype(jnp.int32), lengths.astype(jnp.int32), scores
+
+    def greedy_decode(self, params, model_state, batch):
+        ids, lengths, _ = self.decode_window(params, batch)
+        return ids, lengths
 
     def output_frames(self, samples, fc):
         """The label tokens (text + <|endoftext|>) the decoder holds after the prompt, whatever the audio: a longer
@@ -220,20 +224,8 @@ class WhisperTask(Task):
         CTC options do not apply)."""
         if options.nbest != 1 or options.ctc_weight > 0:
             raise ValueError("whisper beam search returns one hypothesis per input and has no CTC head")
-        feats = jnp.swapaxes(batch["features"], 1, 2)
-        b, p = feats.shape[0], len(self.prompt)
-        opts = DecodeOptions(max_new_tokens=self.max_new_tokens(p), eos_token_id=self.eos_id,
-                             pad_token_id=self.eos_id, num_beams=options.beam_size,
-                             suppress_tokens=self.suppress_tokens, begin_suppress_tokens=self.begin_suppress_tokens,
-                             length_penalty=options.length_penalty)
-        enc = self.model.apply({"params": params}, feats, method="encode")
-        prompt = jnp.broadcast_to(jnp.asarray(self.prompt, jnp.int32), (b, p))
-        seqs, scores = generate_from_encoder(self.model, params, enc, prompt, opts)
-        generated = seqs[:, p:]
-        is_eos = generated == self.eos_id
-        lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), generated.shape[1])
-        return {"ids": generated[:, None].astype(jnp.int32), "lengths": lengths[:, None].astype(jnp.int32),
-                "scores": scores[:, None]}
+        ids, lengths, scores = self.decode_window(params, batch, options.beam_size, options.length_penalty)
+        return {"ids": ids[:, None], "lengths": lengths[:, None], "scores": scores[:, None]}
 
     def load_pretrained(self, directory, key):
         """Every tensor of the checkpoint, mapped by name."""
