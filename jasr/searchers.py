@@ -1,0 +1,162 @@
+"""Decoding settings and the CTC searches they name (decode.py's ``--method`` and the run config's ``decode``
+section, see :func:`settings_from_config`):
+
+* ``greedy``: best path;
+* ``beam``: CTC prefix beam search (:func:`jasr.ctc_beam.ctc_prefix_beam_search`), with a word n-gram LM (ARPA;
+  the words the LM knows, or ``lexicon``, spell the words it scores) and hotwords when given;
+* ``lexicon``: the same search constrained to the words of ``lexicon``, with ``lm`` (or ``grammar``) fused;
+* ``graph``: HLG decoding (:func:`jasr.hlg.compile_hlg` of ``lexicon`` and ``grammar`` or ``lm``;
+  :func:`jasr.graph_decoding.one_best` over ``intersect_dense_pruned``, ``lm_weight`` as the graph's scale).
+
+:func:`make_searcher` returns a :class:`Searcher`: a callable over [B, T, V] CTC log-probs and how its tokens
+split into words.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import ml_collections
+import numpy as np
+
+from jasr.config import check_decode
+from jasr.ctc_beam import ctc_prefix_beam_search
+from jasr.errors import ConfigError
+from jasr.graph_decoding import one_best
+from jasr.hlg import compile_hlg, lang_from_tokenizer
+from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, word_boundaries
+from jasr.ngram import read_arpa
+from jasr.run_data import resolve
+
+__all__ = ["SETTING_KEYS", "Searcher", "graph_searcher", "make_searcher", "read_word_list", "settings_from_config",
+           "spelled_words", "unspellable_note"]
+
+SETTING_KEYS = ("method", "beam", "nbest", "lm", "lm_weight", "word_bonus", "lexicon", "grammar", "hotwords",
+                "hotword_boost", "token_min_logp", "length_penalty", "ctc_weight")
+
+
+def settings_from_config(cfg: ml_collections.ConfigDict, overrides: dict | None = None, *,
+                         root: str = ".") -> ml_collections.ConfigDict:
+    """The run config's decode section (defaults of jasr.config.base_config for a run saved without one) with
+    `overrides` (decode.py's flags: key -> value, None = not given) on top; config paths resolve against `root`
+    (the repo), flag paths as given. Raises ConfigError naming the bad setting."""
+    dc = ml_collections.ConfigDict({k: cfg.decode[k] for k in SETTING_KEYS})
+    for k in ("lm", "lexicon", "grammar"):
+        if dc[k]:
+            dc[k] = resolve(dc[k], root)
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            dc[k] = tuple(v) if isinstance(v, list) else v
+    check_decode(dc, prefix="decode setting '")
+    for k in ("lm", "lexicon", "grammar"):
+        if dc[k] and not os.path.isfile(dc[k]):
+            raise ConfigError(f"decode setting '{k}': {dc[k]!r} does not exist")
+    return dc
+
+
+def read_word_list(path: str) -> list[str]:
+    """The words of a lexicon file: the first column of each non-empty line (a k2 lexicon.txt's token columns are
+    ignored: words are spelled with the run's tokenizer), duplicates removed, order kept."""
+    with open(path, encoding="utf-8") as f:
+        words = [line.split()[0] for line in f if line.strip() and not line.startswith("#")]
+    return list(dict.fromkeys(words))
+
+
+@dataclasses.dataclass
+class Searcher:
+    """A CTC search over [B, T, V] log-probs: the prefix beam search with its lexicon / LM / hotwords, or the
+    greedy best path (``search is None``); ``boundary_ids`` / ``word_start_ids`` split tokens into words."""
+    settings: Any
+    blank_id: int
+    boundary_ids: tuple
+    word_start_ids: tuple
+    search: Callable | None = None
+    description: str = "greedy (CTC best path)"
+    graph: bool = False                # search returns jasr.graph_decoding hypotheses
+
+
+def spelled_words(words, tokenizer) -> tuple[list[str], list[str]]:
+    """(words the tokenizer can spell, words it cannot)."""
+    ok, bad = [], []
+    for w in words:
+        try:
+            ids = tokenizer.encode(w)
+            (ok if len(ids) else bad).append(w)
+        except ValueError:
+            bad.append(w)
+    return ok, bad
+
+
+def unspellable_note(words: list[str]) -> str:
+    """The description's note on lexicon words the tokenizer cannot spell ("" when there are none)."""
+    return f" ({len(words)} that the run's tokenizer cannot spell left out, e.g. {words[:3]})" if words else ""
+
+
+def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int) -> Searcher:
+    """The CTC search of `settings` (see the module docstring) for a run's tokenizer. Raises ConfigError for a
+    lexicon or LM that does not fit the tokenizer."""
+    s = settings
+    try:
+        boundary, start = word_boundaries(tokenizer)
+    except ValueError:
+        boundary, start = [], []
+    base = Searcher(s, blank_id, tuple(boundary), tuple(start))
+    if s.method == "greedy":
+        return base
+    if s.method == "graph":
+        return graph_searcher(base, s, tokenizer)
+    lm_path = s.lm or (s.grammar if s.method == "lexicon" else "")
+    try:
+        lm = read_arpa(lm_path) if lm_path else None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"decode: cannot read the ARPA LM {lm_path}: {e}") from e
+    words = read_word_list(s.lexicon) if s.lexicon else []
+    if not words and lm is not None:            # the LM's words spell the words it scores (as pyctcdecode)
+        words = [w for w in lm.vocab.words if w not in ("<s>", "</s>", "<unk>")]
+    lexicon = None
+    if words:
+        words, unspellable = spelled_words(words, tokenizer)
+        if not words:
+            raise ConfigError("decode: no word of the lexicon / LM can be spelled with the run's tokenizer")
+        if not boundary and not start:
+            raise ConfigError("decode: the run's tokenizer has no word boundaries: a lexicon or word LM needs them")
+        ids = [int(lm.ids([w])[0]) for w in words] if lm is not None else list(range(len(words)))
+        lexicon = lexicon_from_tokenizer(words, tokenizer, word_ids=ids,
+                                         unk_id=lm.unk_id if lm is not None else len(words))
+    hot = None
+    if s.hotwords:
+        hot = make_hotwords([tokenizer.encode(h) for h in s.hotwords], tokenizer.vocab_size, s.hotword_boost)
+    kw = dict(beam=int(s.beam), nbest=int(s.nbest), blank_id=blank_id, token_min_logp=float(s.token_min_logp),
+              lm=lm, lm_weight=float(s.lm_weight) if lm is not None else 0.0, lm_level="word",
+              word_bonus=float(s.word_bonus), lexicon=lexicon, constrain_to_lexicon=s.method == "lexicon",
+              hotwords=hot)
+    desc = f"{s.method} (CTC prefix beam search, beam {s.beam}"
+    if lexicon is not None:
+        desc += f", {'constrained to ' if s.method == 'lexicon' else ''}{len(words)} lexicon words"
+        desc += unspellable_note(unspellable)
+    if lm is not None:
+        desc += f", word {lm.order}-gram LM {os.path.basename(lm_path)} x {s.lm_weight}"
+    desc += f"{', word bonus %g' % s.word_bonus if s.word_bonus else ''}{', hotwords' if hot else ''})"
+    return dataclasses.replace(base, search=lambda lp, pads: ctc_prefix_beam_search(lp, pads, **kw),
+                               description=desc)
+
+
+def graph_searcher(base: Searcher, s, tokenizer) -> Searcher:
+    """HLG of the lexicon's words and the grammar (or LM) ARPA, decoded by one_best with lm_scale = lm_weight."""
+    words, unspellable = spelled_words(read_word_list(s.lexicon), tokenizer)
+    if not words:
+        raise ConfigError("decode: no word of the lexicon can be spelled with the run's tokenizer")
+    path = s.grammar or s.lm
+    try:
+        graph = compile_hlg(lang_from_tokenizer(words, tokenizer), read_arpa(path))
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"decode: cannot build HLG from {s.lexicon} and {path}: {e}") from e
+    if not s.lm_weight > 0:
+        raise ConfigError("decode setting 'lm_weight' must be > 0 for method 'graph' (the graph's scale)")
+    arcs = int(np.asarray(graph.fsa.num_arcs))
+    desc = (f"graph (HLG of {len(words)} lexicon words{unspellable_note(unspellable)} and "
+            f"{os.path.basename(path)}, {arcs} arcs, one best over "
+            f"intersect_dense_pruned, graph scale {s.lm_weight})")
+    return dataclasses.replace(base, search=lambda lp, pads: one_best(graph, lp, pads, lm_scale=float(s.lm_weight)),
+                               description=desc, graph=True)
