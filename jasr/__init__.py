@@ -10,7 +10,8 @@ from jasr.augment import AudioAugment, spec_augment
 from jasr.ctc_beam import BeamSearchResult, ctc_prefix_beam_search, nbest_lists, word_timestamps
 from jasr.data import BatchConfig, DataError, compute_cmvn_stats, make_loader
 from jasr.decoding import ctc_greedy_decode, ctc_greedy_ids, ids_to_text
-from jasr.features import (CmvnStats, FeatureConfig, compute_features, compute_features_jax, fbank, mfcc, num_frames,
+from jasr.cmvn import CmvnStats
+from jasr.features import (FeatureConfig, compute_features, compute_features_jax, fbank, mfcc, num_frames,
                            whisper_log_mel)
 from jasr.graph_decoding import (GraphHypothesis, attention_rescoring, get_lattice, nbest, nbest_rescoring, one_best,
                                   whole_lattice_rescoring)

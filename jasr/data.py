@@ -36,8 +36,8 @@ import numpy as np
 from absl import flags
 
 from jasr.audio import AudioError, load_audio
-from jasr.features import (CmvnStats, FeatureConfig, accumulate_cmvn, compute_features, feature_dim, num_frames,
-                           time_major)
+from jasr.cmvn import CmvnStats, accumulate_cmvn
+from jasr.features import FeatureConfig, compute_features, feature_dim, num_frames, time_major
 from jasr.manifests import Utterance, read_manifest
 
 __all__ = ["DataError", "BatchConfig", "AsrLoader", "make_loader", "plan_epoch", "compute_cmvn_stats"]

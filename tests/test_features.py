@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from jasr.audio import load_audio
 from jasr.data import compute_cmvn_stats
-from jasr.features import (CmvnStats, FeatureConfig, accumulate_cmvn, apply_cmvn, compute_features,
-                           compute_features_jax, fbank, fbank_jax, feature_dim, librosa_mfcc, log_mel_spectrogram,
-                           mfcc, num_frames, slaney_mel_filters, utterance_cmvn, whisper_log_mel, whisper_log_mel_jax)
+from jasr.cmvn import CmvnStats, accumulate_cmvn, apply_cmvn, utterance_cmvn
+from jasr.features import (FeatureConfig, compute_features, compute_features_jax, fbank, fbank_jax, feature_dim,
+                           librosa_mfcc, log_mel_spectrogram, mfcc, num_frames, slaney_mel_filters, whisper_log_mel,
+                           whisper_log_mel_jax)
 
 DATA = "/work/shared/data"
 
