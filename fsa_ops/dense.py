@@ -64,6 +64,7 @@ from fsa_ops.dense_labelled import is_state_labelled, label_gather_plan
 from fsa_ops.dense_loops import (DenseConfig, arcs_tot_grads, band_fused_loop, dense_graph, forward_loop,
                                  labelled_tot_grads, loop_input, prune_info)
 from fsa_ops.fsa import Fsa
+from fsa_ops.pallas_dense import pallas_available, resolve_implementation, slot_sizes
 from fsa_ops.scores import (NEG_INF, bad_fsas, fsa_arrays, is_traced, max_degree, nonfinite_sum, score_dtype,
                             valid_arcs)
 
@@ -183,7 +184,9 @@ def _nan_gradient(grad, tot, g, valid):
     out of the loss: whatever the loops made of its NaNs must not reach the gradient)."""
     if grad is None:
         return None
-    rows = lambda x: x.reshape(x.shape + (1,) * (grad.ndim - 1))
+
+    def rows(x):
+        return x.reshape(x.shape + (1,) * (grad.ndim - 1))
     return jnp.where(rows(jnp.isnan(tot)) & valid, rows(jnp.where(g != 0, jnp.nan, 0.0)).astype(grad.dtype), grad)
 
 
@@ -299,7 +302,7 @@ def prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores, na
 
 
 def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
-                     use_double_scores: bool = True, a_to_b_map=None):
+                     use_double_scores: bool = True, a_to_b_map=None, implementation: str = "auto"):
     """Log-semiring total score of ``intersect_dense(a_fsas, b_fsas, output_beam)`` per segment,
     computed frame-synchronously without building the lattice.
 
@@ -310,10 +313,24 @@ def dense_tot_scores(a_fsas, b_fsas: DenseFsaVec, output_beam: float = math.inf,
     ``jax_enable_x64`` is on; float32 otherwise, with a warning the first time
     (`fsa_ops.scores.Float32ScoresWarning`; ``jax.config.update("jax_enable_x64", True)`` turns
     x64 on, ``use_double_scores=False`` asks for float32 without the warning).
+
+    ``implementation``: ``'xla'`` (the loops of `fsa_ops.dense_loops`), ``'pallas'`` (the frame loops as one
+    kernel launch each, `fsa_ops.pallas_dense`; in interpret mode on a backend other than GPU, for tests; needs
+    the graph structure on the host, not traced) or ``'auto'`` (Pallas on GPU when the structure is on the host,
+    XLA otherwise).  Both give the same numbers (float rounding) and gradients.
     """
+    impl = resolve_implementation(implementation)
     cfg, arcs, lp, dur = prepare_dense(a_fsas, b_fsas, a_to_b_map, output_beam, use_double_scores)
     labelled = is_state_labelled(arcs, cfg.S)
     cfg = cfg._replace(labelled=labelled, band=band_offsets(arcs, cfg.S) if labelled else None)
+    sizes = slot_sizes(arcs, cfg.S) if impl == "pallas" else None
+    if impl == "pallas" and sizes is None:
+        if implementation == "pallas":
+            raise ValueError("implementation='pallas' needs the graph structure (src, dst, num_arcs, num_states) "
+                             "on the host: close over the graphs instead of passing them as jit arguments, or "
+                             "use implementation='xla'")
+    elif sizes is not None:    # the Pallas kernels run every layout from slot tables (no fused band loop)
+        cfg = cfg._replace(band=None, slots=sizes, interpret=not pallas_available())
     plan = label_gather_plan(arcs, cfg.S, lp.shape[2]) if labelled else None
     return _dense_tot_jit(cfg, arcs, lp, dur, plan)
 

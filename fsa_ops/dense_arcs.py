@@ -27,7 +27,7 @@ from jax import lax
 from fsa_ops.scores import NEG_INF, arc_table
 
 __all__ = ["ArcLayout", "arc_layout", "dense_frame_weights", "take_per_row", "group_take", "reduce_to_states",
-           "dense_forward_step", "dense_backward_step", "dense_backward_post_step", "arc_grads"]
+           "dense_forward_step", "dense_backward_step", "dense_backward_post_step", "frame_posteriors", "arc_grads"]
 
 
 class ArcLayout(NamedTuple):
@@ -188,6 +188,18 @@ def dense_backward_post_step(beta_next, lp_t, t, dur, lay, S, K, alpha_t, prune=
         un = jnp.exp(a - jnp.where(jnp.isfinite(amax), amax, 0.0))
     z = jnp.sum(un, axis=-1, keepdims=True)
     return beta, un * jnp.where(z > 0, 1.0 / jnp.where(z > 0, z, 1.0), 0.0)
+
+
+def frame_posteriors(lay: ArcLayout, K, lp_t, t, dur, alpha_t, beta_next, prune=None):
+    """The normalised arc posteriors of frame t [B, X] (lay grouped by src) from the scores on both sides,
+    ``exp(alpha_t[src] + w + beta_{t+1}[dst])`` over its sum over the frame's arcs (0 past ``dur``): what
+    `dense_backward_post_step` returns, for tables computed elsewhere (any per-row offsets)."""
+    w = _pruned_weights(lay, K, lp_t, t, dur, prune, forward=False)
+    a = group_take(alpha_t, lay, K) + w + take_per_row(beta_next, lay.other)
+    amax = jnp.max(a, axis=-1, keepdims=True)
+    un = jnp.exp(a - jnp.where(jnp.isfinite(amax), amax, 0.0))
+    z = jnp.sum(un, axis=-1, keepdims=True)
+    return un * jnp.where(z > 0, 1.0 / jnp.where(z > 0, z, 1.0), 0.0)
 
 
 def arc_grads(arcs, lay: ArcLayout, acc, dtype):

@@ -23,11 +23,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from fsa_ops.dense_arcs import (ArcLayout, arc_grads, arc_layout, dense_backward_post_step,
-                                dense_backward_step, dense_forward_step, group_take, take_per_row)
+                                dense_backward_step, dense_forward_step, frame_posteriors, group_take, take_per_row)
 from fsa_ops.dense_band import (band_reduce, band_scores, dense_band_backward_step,
                                 dense_band_forward_step)
 from fsa_ops.dense_labelled import (dense_labelled_backward_step, dense_labelled_forward_step,
                                     state_emissions, state_labels)
+from fsa_ops.pallas_dense import pad_states, pallas_frame_scores, slot_tables
 from fsa_ops.scores import NEG_INF, exp_flushed, shift_states, valid_arcs
 
 __all__ = ["DenseConfig", "DenseGraph", "dense_graph", "loop_input", "forward_loop", "backward_loop",
@@ -43,6 +44,8 @@ class DenseConfig(NamedTuple):
     dtype: object            # score dtype
     labelled: bool = False   # state-labelled graph: frame weights per state (see `state_emissions`)
     band: Optional[tuple] = None   # labelled graphs with few dst - src offsets: those offsets
+    slots: Optional[tuple] = None  # the Pallas kernels' padded table sizes (`slot_sizes`); None: the XLA loops
+    interpret: bool = False        # run the Pallas kernels in interpret mode (any backend)
 
 
 class DenseGraph(NamedTuple):
@@ -51,6 +54,7 @@ class DenseGraph(NamedTuple):
     bwd: ArcLayout          # grouped by src (backward)
     num_states: jax.Array   # [B]
     band: Optional[jax.Array] = None   # [B, D, S] scores by dst - src offset (`band_scores`)
+    slots: Optional[tuple] = None      # (forward, backward) `SlotTables` of the Pallas kernels
 
 
 def dense_graph(cfg: DenseConfig, arcs) -> DenseGraph:
@@ -63,7 +67,24 @@ def dense_graph(cfg: DenseConfig, arcs) -> DenseGraph:
                    arcs.num_states)
     if cfg.band is not None:
         G = G._replace(band=band_scores(arcs, cfg.band, S, dtype))
+    if cfg.slots is not None:
+        G = G._replace(slots=slot_tables(arcs, cfg.slots, dtype))
     return G
+
+
+def _pallas_loop(cfg: DenseConfig, G: DenseGraph, x, dur, log_semiring, prune, true_values, forward):
+    """`forward_loop` / `backward_loop` as one Pallas kernel launch (`fsa_ops.pallas_dense`)."""
+    Sp = cfg.slots[0]
+    T = _num_frames(cfg, x)
+    if cfg.labelled:
+        x = pad_states(x, Sp)
+    if prune is not None:
+        amax, bmax_next, cut = prune
+        prune = (pad_states(amax, Sp), pad_states(bmax_next, Sp), cut)
+    tot, table = pallas_frame_scores(G.slots[0 if forward else 1], x, dur, G.num_states, prune, num_frames=T,
+                                     forward=forward, log_semiring=log_semiring, state_mode=cfg.labelled,
+                                     true_values=true_values, interpret=cfg.interpret)
+    return tot, table[:, :, :cfg.S]
 
 
 def loop_input(cfg: DenseConfig, arcs, lp, dur):
@@ -141,6 +162,8 @@ def forward_loop(cfg: DenseConfig, G: DenseGraph, x, dur, log_semiring, prune=No
     (tot [B], alphas [B, T+1, S]): each frame's row shifted to max 0 (what the posteriors need;
     keeps float32's precision), or with `true_values` the scores themselves (the running offsets
     added back; for the Viterbi pruning tables)."""
+    if cfg.slots is not None:
+        return _pallas_loop(cfg, G, x, dur, log_semiring, prune, true_values, forward=True)
     S, dtype = cfg.S, cfg.dtype
     B, T = x.shape[0], _num_frames(cfg, x)
     ns = G.num_states
@@ -164,6 +187,8 @@ def forward_loop(cfg: DenseConfig, G: DenseGraph, x, dur, log_semiring, prune=No
 def backward_loop(cfg: DenseConfig, G: DenseGraph, x, dur, log_semiring, prune=None, true_values=True):
     """Backward scores beta_{t+1} for t = 0..T: [B, T+1, S] (x as in `forward_loop`); true values,
     or each frame's row shifted to max 0 (`true_values=False`)."""
+    if cfg.slots is not None:
+        return _pallas_loop(cfg, G, x, dur, log_semiring, prune, true_values, forward=False)[1]
     S, dtype = cfg.S, cfg.dtype
     B, T = x.shape[0], _num_frames(cfg, x)
     fvec = _final_vec(G.num_states, S, dtype)
@@ -300,14 +325,58 @@ def _grad_loop(cfg: DenseConfig, G: DenseGraph, lp, dur, alphas, tot, g, prune):
     return glp, acc
 
 
+# frames per vectorised chunk of `_posterior_grads`
+POSTERIOR_CHUNK = 16
+
+
+def _posterior_grads(cfg: DenseConfig, G: DenseGraph, lp, dur, alphas, bnext, tot, g, prune):
+    """`_grad_loop`'s results from both score tables (the Pallas path): no recursion left, so the frames'
+    posteriors are computed `POSTERIOR_CHUNK` frames at a time (vectorised) and scatter-added onto their labels."""
+    dtype = cfg.dtype
+    B, T, C = lp.shape
+    lay = G.bwd
+    scale = jnp.where(jnp.isfinite(tot), g.astype(dtype), 0.0)[:, None]
+    lab_seg = (jnp.arange(B, dtype=jnp.int32)[:, None] * C + jnp.maximum(lay.label, 0)).reshape(-1)
+    lab_ok = lay.label >= 0
+    F = min(POSTERIOR_CHUNK, T + 1)
+    n = -(-(T + 1) // F)
+
+    def frame(t):
+        def at(x):
+            return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
+        post = frame_posteriors(lay, cfg.kout, _frame(lp, t), t, dur, at(alphas), at(bnext), _prune_at(prune, t))
+        post = post * scale
+        glp_t = jax.ops.segment_sum(jnp.where(lab_ok, post, 0.0).reshape(-1), lab_seg,
+                                    num_segments=B * C).reshape(B, C)
+        return post, glp_t
+
+    def chunk(c, carry):
+        acc, glp = carry
+        ts = c * F + jnp.arange(F, dtype=jnp.int32)
+        post, glp_c = jax.vmap(frame)(jnp.minimum(ts, T))
+        acc = acc + jnp.sum(jnp.where((ts <= T)[:, None, None], post, 0.0), axis=0)
+        return acc, lax.dynamic_update_slice_in_dim(glp, glp_c, c * F, axis=0)
+
+    init = (jnp.zeros(lay.score.shape, dtype), jnp.zeros((n * F, B, C), dtype))
+    acc, glp = lax.fori_loop(0, n, chunk, init)
+    # frame T (no label >= 0 arc can be taken) is dropped: rows 0..T-1 are the log-probs' frames
+    return jnp.moveaxis(glp[:T], 0, 1), acc
+
+
 @functools.partial(jax.jit, static_argnums=(0,))
 def arcs_tot_grads(cfg, arcs, lp, dur, tables, tot, prune, g):
     """Gradients for the general arc layout: (d tot / d lp [B, T, C], d tot / d score [B, A]) times
     the cotangent g [B], from one backward loop over frames that scatter-adds each frame's
-    normalised arc posteriors onto their labels (tables = (alphas,) of `forward_loop`)."""
+    normalised arc posteriors onto their labels (tables = (alphas,) of `forward_loop`); on the Pallas
+    path, from the backward kernel's scores and frame-parallel posteriors (`_posterior_grads`)."""
     (alphas,) = tables
     G = dense_graph(cfg, arcs)
-    glp, acc = _grad_loop(cfg, G, lp.astype(cfg.dtype), dur, alphas, tot, g, prune)
+    lp32 = lp.astype(cfg.dtype)
+    if cfg.slots is not None:
+        bnext = backward_loop(cfg, G, lp32, dur, True, prune, true_values=False)
+        glp, acc = _posterior_grads(cfg, G, lp32, dur, alphas, bnext, tot, g, prune)
+    else:
+        glp, acc = _grad_loop(cfg, G, lp32, dur, alphas, tot, g, prune)
     return glp.astype(lp.dtype), arc_grads(arcs, G.bwd, acc, cfg.dtype)
 
 
