@@ -18,6 +18,11 @@ with `acoustic` = log of the summed probability of all its alignments, `lm` = th
 of its tokens (lm_level="token") or words (lm_level="word", needs a lexicon), including the end of sentence, and
 `words` = completed words (with a lexicon) or emitted tokens (without one).
 
+LM look-ahead (word LM with a lexicon and a jasr.lexicon.LmLookahead table): a partial word at trie node n also
+holds lm_weight * (the best LM score of a word below n, given the LM state), which ranks and prunes the beam; it is
+removed when the word completes and its real LM score is added (or at the end), so final scores are those without
+look-ahead: only which prefixes survive pruning changes.
+
 LM interface (a pytree, so it is a jit argument): ``start_state() -> state``, ``advance(states, ids) -> (states,
 log_probs)`` elementwise over broadcast arrays of int32 states and ids, ``final(states) -> log_probs`` of the end of
 sentence. Token-level ids are CTC token ids; word-level ids come from the lexicon (its `unk_id` for other words).
@@ -31,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jasr.lexicon import Hotwords, Lexicon, hotword_step, lexicon_child
+from jasr.lexicon import Hotwords, Lexicon, LmLookahead, hotword_step, lexicon_child, lookahead_score
 
 __all__ = ["BeamSearchResult", "ctc_prefix_beam_search", "nbest_lists", "word_timestamps"]
 
@@ -64,6 +69,7 @@ class _Beam(NamedTuple):
     ph: jax.Array        # [K, 2] uint32 hash of the parent prefix
     node: jax.Array      # [K] int32 lexicon trie node (0: between words, -1: outside the lexicon)
     ctx: jax.Array       # [K] int32 hotword automaton node
+    la: jax.Array        # [K] unweighted LM look-ahead of the partial word, included in fus (0 without look-ahead)
     lm_state: Any        # pytree of [K, ...] arrays
 
 
@@ -98,7 +104,8 @@ def _word_id(lex: Lexicon, node):
     return wid, jnp.where(wid >= 0, wid, lex.unk_id)
 
 
-def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam, lp, c_lp, c_tok, pad):
+def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, look: LmLookahead | None, s: _Beam,
+           lp, c_lp, c_tok, pad):
     """One frame for one utterance: beam [K] -> beam [K] and (parent slot [K], added token [K]).
 
     lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens of the frame and their log-probs (-inf: not tried)."""
@@ -127,6 +134,7 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     zero = jnp.zeros((K, C), jnp.float32)
     d_lm, d_words, d_fus = zero, jnp.ones((K, C), jnp.int32), zero
     node = jnp.broadcast_to(s.node[:, None], (K, C))
+    la = jnp.broadcast_to(s.la[:, None], (K, C))
 
     def lm_pick(k, j, grown):   # the LM state of the new beam entries
         return jax.tree.map(lambda a: a[k], s.lm_state)
@@ -146,6 +154,10 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
         if o.lm_level == "word":
             adv_state, adv_lp = lm.advance(s.lm_state, lm_wid)
             d_lm = jnp.where(completes, adv_lp[:, None], 0.0)
+            if look is not None:   # the new partial word's look-ahead replaces the old one
+                la = jnp.where(node == 0, 0.0, lookahead_score(
+                    look, jnp.where(completes, adv_state[:, None], s.lm_state[:, None]), node))
+                d_fus += w.lm_weight * (la - s.la[:, None])
 
             def lm_pick(k, j, grown):
                 done = grown & completes[k, j]
@@ -178,7 +190,7 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
         words=jnp.where(grown, s.words[k] + d_words[k, j], s.words[k]), last=jnp.where(grown, gtok, s.last[k]),
         length=s.length[k] + grown, h=jnp.where(grown[:, None], _hash(s.h[k], gtok), s.h[k]),
         ph=jnp.where(grown[:, None], s.h[k], s.ph[k]), node=jnp.where(grown, node[k, j], s.node[k]),
-        ctx=jnp.where(grown, ctx[k, j], s.ctx[k]),
+        ctx=jnp.where(grown, ctx[k, j], s.ctx[k]), la=jnp.where(grown, la[k, j], s.la[k]),
         lm_state=lm_pick(k, j, grown))
     # entries that lost all their probability stay dead
     dead = jnp.take(total, idx) == _NEG
@@ -190,10 +202,13 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     return new, (parent, added)
 
 
-def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, s: _Beam):
-    """End of utterance: the open word, the LM's end of sentence, unfinished hotwords.
-    -> (total, acoustic, lm, words), each [K]."""
+def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, look: LmLookahead | None,
+            s: _Beam):
+    """End of utterance: the open word (its look-ahead out, its LM score in), the LM's end of sentence, unfinished
+    hotwords. -> (total, acoustic, lm, words), each [K]."""
     fus, lm_total, words = s.fus, s.lm, s.words
+    if look is not None:
+        fus = fus - w.lm_weight * s.la
     ok = (s.pb > _NEG) | (s.pnb > _NEG)
     lm_state = s.lm_state
     if lex is not None:
@@ -225,7 +240,7 @@ def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSearchResult:
+def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings) -> BeamSearchResult:
     B, T, V = log_probs.shape
     K, N = o.beam, o.nbest
     first = jnp.arange(K) == 0
@@ -235,8 +250,8 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSea
     beam = _Beam(pb=jnp.broadcast_to(jnp.where(first, 0.0, _NEG), (B, K)), pnb=jnp.full((B, K), _NEG),
                  fus=jnp.zeros((B, K)), lm=jnp.zeros((B, K)), words=zi, last=zi - 1, length=zi,
                  h=jnp.zeros((B, K, 2), jnp.uint32), ph=jnp.ones((B, K, 2), jnp.uint32), node=zi, ctx=zi,
-                 lm_state=lm_state)
-    frame = jax.vmap(functools.partial(_frame, o, w, lm, lex, hot))
+                 la=jnp.zeros((B, K)), lm_state=lm_state)
+    frame = jax.vmap(functools.partial(_frame, o, w, lm, lex, hot, look))
 
     def step(s, x):
         return frame(s, *x)
@@ -252,7 +267,7 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, log_probs, paddings) -> BeamSea
     c_lp = jnp.where((c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp, -1)[..., None]), c_lp, _NEG)
     xs = (lp, c_lp, c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0))
     beam, (parents, added) = jax.lax.scan(step, beam, xs)                                   # [T, B, K]
-    total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot))(beam)
+    total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot, look))(beam)
     scores, sel = jax.lax.top_k(total, N)                                                   # [B, N]
     take = jax.vmap(lambda a, i: a[i])
     lengths = jnp.where(scores > _NEG, take(beam.length, sel), 0)
@@ -291,7 +306,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
                            beam_prune_logp: float | None = None, lm: Any = None, lm_weight: float = 0.0,
                            lm_level: str = "token", word_bonus: float = 0.0, lexicon: Lexicon | None = None,
                            constrain_to_lexicon: bool = False, oov_penalty: float = 0.0,
-                           hotwords: Hotwords | None = None) -> BeamSearchResult:
+                           hotwords: Hotwords | None = None, lm_lookahead: LmLookahead | None = None
+                           ) -> BeamSearchResult:
     """CTC prefix beam search over a batch (see the module docstring for the score).
 
     Args:
@@ -308,6 +324,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
       lexicon: word trie (jasr.lexicon); constrain_to_lexicon: only prefixes spelling lexicon words survive;
         oov_penalty: added per out-of-lexicon word (when it leaves the lexicon) where not constrained.
       hotwords: context-biasing automaton (jasr.lexicon.make_hotwords).
+      lm_lookahead: LM look-ahead of partial words (jasr.lexicon.make_lm_lookahead of the same lexicon and LM);
+        needs lm_level="word". Changes pruning only (module docstring).
     Returns:
       BeamSearchResult, [B, N, ...], best first; tokens padded to T with -1.
     """
@@ -343,6 +361,14 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     if (lexicon is not None and not isinstance(lexicon.boundary, jax.core.Tracer)
             and bool(lexicon.boundary[blank_id] | lexicon.word_start[blank_id])):
         raise ValueError("lexicon: the blank cannot be a boundary or word-start token")
+    if lm_lookahead is not None:
+        if lm is None or lm_level != "word" or lexicon is None:
+            raise ValueError("lm_lookahead needs a word LM (lm, lm_level='word') and its lexicon")
+        if not isinstance(lm_lookahead, LmLookahead) or lm_lookahead.table.shape[-1] != lexicon.word.shape[0] + 1:
+            raise ValueError(f"lm_lookahead must be a LmLookahead of this lexicon ({lexicon.word.shape[0]} trie "
+                             f"nodes + 1 columns), got {getattr(lm_lookahead, 'table', lm_lookahead)!r:.80}")
+        if jnp.ndim(lm.start_state()) != 0:
+            raise ValueError("lm_lookahead needs an LM whose states are int32 scalars")
     for name, val in (("token_min_logp", token_min_logp), ("beam_prune_logp", beam_prune_logp)):
         if val is not None and val > 0:
             raise ValueError(f"{name} must be <= 0 (a log-probability offset), got {val}")
@@ -351,7 +377,7 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     f32 = lambda x, d: jnp.float32(d if x is None else x)  # noqa: E731
     w = _Weights(f32(lm_weight, 0.0), f32(word_bonus, 0.0), f32(oov_penalty, 0.0), f32(token_min_logp, -np.inf),
                  f32(beam_prune_logp, -np.inf))
-    return _search(o, w, lm, lexicon, hotwords, log_probs, paddings.astype(jnp.float32))
+    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings.astype(jnp.float32))
 
 
 def nbest_lists(result: BeamSearchResult) -> list[list[tuple[list[int], float]]]:

@@ -8,6 +8,9 @@ that jit carries as arguments. Built on the host with numpy; looked up on device
 Word boundaries: a *boundary* token (a character tokenizer's space, SentencePiece's bare "▁") ends the current word
 and belongs to none; a *word-start* token (a SentencePiece piece "▁xyz") ends the current word and begins the next.
 Every other token continues the current word.
+
+:class:`LmLookahead` is a table of word-LM look-ahead scores per (LM state, trie node): the best LM log-probability of
+any word spelled below the node (flashlight's "smearing" with max), so that a search can score partial words.
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Lexicon", "Hotwords", "make_lexicon", "lexicon_from_tokenizer", "make_hotwords", "word_boundaries",
-           "lexicon_child", "hotword_step"]
+__all__ = ["Lexicon", "Hotwords", "LmLookahead", "make_lexicon", "lexicon_from_tokenizer", "make_hotwords",
+           "make_lm_lookahead", "word_boundaries", "lexicon_child", "hotword_step", "lookahead_score"]
 
 _MAX_KEY = np.iinfo(np.int32).max
 
@@ -57,6 +60,21 @@ class Hotwords(NamedTuple):
     goto: jax.Array
     score: jax.Array
     is_end: jax.Array
+
+
+class LmLookahead(NamedTuple):
+    """Look-ahead scores of a word LM over a lexicon trie.
+
+    table: [S, num_nodes + 1] float32 (natural log). Column n > 0: max over the words spelled at or below trie node n
+      of ln p(word | LM state s); column 0 (the root, no partial word): 0; the last column (node -1, a partial word
+      that left the lexicon): ln p(<unk> | s). S = the LM's number of states (conditioned on the context), or 1
+      (unigram: every state reads row 0, the LM's state 0, an NgramLM's empty context).
+    """
+    table: jax.Array
+
+    @property
+    def conditioned(self) -> bool:
+        return self.table.shape[0] > 1
 
 
 def _check_tokens(name: str, seqs: Sequence[Sequence[int]], vocab_size: int) -> list[tuple[int, ...]]:
@@ -224,3 +242,44 @@ def hotword_step(hotwords: Hotwords, node: jax.Array, token: jax.Array) -> tuple
     nxt = hotwords.goto[node, token]
     delta = hotwords.score[nxt] - hotwords.score[node]
     return jnp.where(hotwords.is_end[nxt], 0, nxt), delta
+
+
+def make_lm_lookahead(lexicon: Lexicon, lm: Any, *, max_entries: int = 1 << 22) -> LmLookahead:
+    """The look-ahead table of `lm` over `lexicon` (see :class:`LmLookahead`), built once on the host.
+
+    lm: a word LM with int32 scalar states ``0 .. lm.num_states - 1`` and ``advance(states, ids)`` (as
+    jasr.ngram.NgramLM; word ids are the lexicon's). Conditioned on the LM state where num_states * (num_nodes + 1)
+    <= max_entries (float32 entries), else one unigram row (LM state 0).
+    """
+    num_states = getattr(lm, "num_states", None)
+    if not isinstance(num_states, (int, np.integer)) or num_states < 1 or not hasattr(lm, "advance"):
+        raise TypeError(f"lm must have an int num_states >= 1 and advance(states, ids), got {type(lm).__name__}")
+    if np.ndim(np.asarray(lm.start_state())) != 0:
+        raise ValueError("lm states must be int32 scalars for a look-ahead table")
+    word = np.asarray(lexicon.word)
+    n = word.shape[0]
+    rows = num_states if num_states * (n + 1) <= max_entries else 1
+    ids = np.unique(np.concatenate([word[word >= 0], [int(lexicon.unk_id)]])).astype(np.int32)
+    # ln p(w | s) for every state row and every word id the lexicon uses (one batched call)
+    _, lp = lm.advance(jnp.arange(rows, dtype=jnp.int32)[:, None], jnp.asarray(ids)[None, :])
+    lp = np.asarray(lp, np.float32)                                               # [rows, W']
+    has = word >= 0
+    by_node = np.full((n + 1, rows), -np.inf, np.float32)                        # transposed: rows contiguous
+    by_node[:n][has] = lp[:, np.searchsorted(ids, word[has])].T
+    # children have larger ids than their parents (make_lexicon appends them): one pass from the leaves up
+    keys, dest = np.asarray(lexicon.keys)[:-1], np.asarray(lexicon.dest)[:-1]
+    parent = np.zeros(n, np.int64)
+    parent[dest] = keys // lexicon.vocab_size
+    for node in range(n - 1, 0, -1):
+        np.maximum(by_node[parent[node]], by_node[node], out=by_node[parent[node]])
+    by_node[0] = 0.0
+    by_node[n] = lp[:, np.searchsorted(ids, int(lexicon.unk_id))]
+    np.maximum(by_node, np.float32(-1e30), out=by_node)   # finite: look-ahead differences stay free of NaN
+    return LmLookahead(jnp.asarray(np.ascontiguousarray(by_node.T)))
+
+
+def lookahead_score(lookahead: LmLookahead, states: jax.Array, node: jax.Array) -> jax.Array:
+    """Look-ahead scores (float32) of trie nodes (int32, -1: outside the lexicon) in LM states (int32), broadcast."""
+    n = lookahead.table.shape[1] - 1
+    row = states if lookahead.conditioned else jnp.zeros_like(states)
+    return lookahead.table[row, jnp.where(node < 0, n, node)]

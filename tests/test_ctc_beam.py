@@ -28,6 +28,10 @@ class BigramLM(NamedTuple):
     table: jax.Array   # [W + 1, W]
     end: jax.Array     # [W + 1]
 
+    @property
+    def num_states(self):
+        return self.table.shape[0]
+
     def start_state(self):
         return jnp.int32(0)
 
