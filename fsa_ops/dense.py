@@ -19,7 +19,9 @@ layouts, each in a module of its own (same results):
 - `fsa_ops.dense_band`: state-labelled graphs with at most four ``dst - src`` offsets and no
   parallel arcs (CTC graphs); steps are shifted state vectors, forward and backward in one loop.
 
-The loops over frames and the gradients are in `fsa_ops.dense_loops`.  The total score has an
+The loops over frames and the gradients are in `fsa_ops.dense_loops`; ``implementation='pallas'``
+(the default on GPU) runs each loop as one Pallas kernel launch over slot tables built from any of
+these layouts (`fsa_ops.pallas_dense`), with the same numbers.  The total score has an
 analytic ``custom_vjp`` (here): the backward pass takes per-frame normalised arc posteriors or
 state occupancies (every path takes exactly one arc per frame, so they sum to 1 over a frame): no
 division by the total score, whose float32 rounding (~1e-3 nats at a few thousand nats) would

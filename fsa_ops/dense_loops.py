@@ -11,6 +11,9 @@ directions in one loop (`band_fused_loop`).  `prune_info` makes the Viterbi tabl
 ``output_beam``.  The gradients (`arcs_tot_grads`, `labelled_tot_grads`) are what the custom VJP of
 ``fsa_ops.dense`` returns: per-frame normalised arc posteriors (general arcs) or state occupancies
 gathered per label (labelled graphs); memory is the score tables, nothing of size frames x arcs.
+A `DenseConfig` with ``slots`` set (the Pallas path) runs `forward_loop` / `backward_loop` as one
+kernel launch each (`fsa_ops.pallas_dense`; no fused band loop), and the general arcs' gradient
+from both tables, a chunk of frames at a time (`_posterior_grads`).
 """
 from __future__ import annotations
 

@@ -36,10 +36,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-try:                                  # the Triton backend's barrier and compiler parameters (JAX 0.10 / 0.11)
-    from jax.experimental.pallas import triton as pl_triton
-except ImportError:                   # pragma: no cover - a JAX without the Triton backend: interpret mode only
-    pl_triton = None
+from jax.experimental.pallas import triton as pl_triton   # the GPU (Triton) backend's barrier and parameters
 
 from fsa_ops.scores import NEG_INF, arc_table, is_traced, valid_arcs
 
@@ -210,7 +207,7 @@ def pallas_frame_scores(tables: SlotTables, x, dur, num_states, prune=None, *, n
     kernel = functools.partial(_kernel, T=T, C=C, forward=forward, log_semiring=log_semiring, state_mode=state_mode,
                                prune=prune is not None, true_values=true_values, barrier=not interpret)
     params = {}
-    if not interpret and pl_triton is not None:
+    if not interpret:
         params["compiler_params"] = pl_triton.CompilerParams(num_warps=4 if Sp * tables.other.shape[2] <= 4096 else 8,
                                                              num_stages=1)
     tot, table, _ = pl.pallas_call(
