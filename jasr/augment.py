@@ -1,5 +1,6 @@
 """Data augmentation: SpecAugment in jax (explicit PRNG key, respects paddings) and host-side waveform
-perturbations in numpy (speed, volume, additive noise) with an explicit np.random.Generator.
+perturbations in numpy (speed, volume, additive noise, vocal tract length perturbation) with an explicit
+np.random.Generator.
 """
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.signal
 import soxr
 
 from jasr.audio import load_audio
 
-__all__ = ["spec_augment", "time_warp", "speed_perturb", "volume_perturb", "add_noise", "AudioAugment"]
+__all__ = ["spec_augment", "time_warp", "speed_perturb", "volume_perturb", "add_noise", "vtlp_warp", "vtlp",
+           "AudioAugment"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,23 +138,92 @@ def add_noise(audio: np.ndarray, noise: np.ndarray, snr_db: float, rng: np.rando
     return (audio + scale * noise).astype(np.float32)
 
 
+def vtlp_warp(freqs: np.ndarray, alpha: float, sample_rate: int, boundary_hz: float | None = None) -> np.ndarray:
+    """Piecewise-linear VTLP frequency map (Jaitly & Hinton 2013), Hz -> Hz, [k] -> [k]: ``f -> alpha * f`` up to
+    ``b = boundary_hz * min(alpha, 1) / alpha`` (boundary_hz defaults to 0.8 * Nyquist), then the straight line from
+    ``(b, alpha * b)`` to ``(nyq, nyq)``: monotone, 0 and Nyquist stay fixed."""
+    if alpha <= 0:
+        raise ValueError(f"vtlp warp factor alpha must be positive, got {alpha}")
+    nyq = sample_rate / 2.0
+    f_hi = 0.8 * nyq if boundary_hz is None else float(boundary_hz)
+    if not 0.0 < f_hi < nyq:
+        raise ValueError(f"vtlp boundary_hz must be in (0, {nyq}), got {boundary_hz}")
+    b = f_hi * min(alpha, 1.0) / alpha
+    freqs = np.asarray(freqs, np.float64)
+    upper = nyq - (nyq - alpha * b) / (nyq - b) * (nyq - freqs)
+    return np.where(freqs <= b, alpha * freqs, upper)
+
+
+def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float | None = None) -> np.ndarray:
+    """Vocal tract length perturbation of a waveform: [n] -> float32 [n] (same length and tempo).
+
+    STFT (Hann, ~32 ms window, 75 % overlap); each bin's magnitude moves to its warped frequency
+    :func:`vtlp_warp` (split linearly between the two nearest bins) with a phase re-accumulated from its warped
+    instantaneous frequency (phase vocoder); inverse STFT. alpha > 1
+    moves formants up (a shorter vocal tract), alpha < 1 down; the output has the input's mean power; alpha == 1
+    returns the input.
+    """
+    audio = np.asarray(audio, np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"vtlp needs a mono waveform [n], got shape {audio.shape}")
+    if alpha <= 0:
+        raise ValueError(f"vtlp warp factor alpha must be positive, got {alpha}")
+    if alpha == 1.0 or audio.shape[0] == 0:
+        return audio
+    n_fft = int(2 ** np.ceil(np.log2(0.032 * sample_rate)))
+    n = audio.shape[0]
+    x = np.pad(audio.astype(np.float64), (0, max(0, n_fft - n)))
+    hop = n_fft // 4
+    _, _, spec = scipy.signal.stft(x, fs=sample_rate, window="hann", nperseg=n_fft, noverlap=n_fft - hop)
+    k = spec.shape[0]
+    bin_hz = sample_rate / n_fft
+    pos = vtlp_warp(np.arange(k) * bin_hz, alpha, sample_rate, boundary_hz) / bin_hz
+    # phase vocoder: each bin's instantaneous frequency (from its phase advance per hop) is warped too, and its
+    # phase re-accumulated at the warped frequency, so that a steady partial stays coherent across frames
+    phase = np.angle(spec)
+    expected = 2.0 * np.pi * hop * np.arange(k)[:, None] / n_fft
+    dev = np.diff(phase, axis=1) - expected
+    dev = (dev + np.pi) % (2.0 * np.pi) - np.pi
+    inst_hz = (expected + dev) * sample_rate / (2.0 * np.pi * hop)
+    warped_hz = vtlp_warp(np.clip(inst_hz, 0.0, sample_rate / 2.0), alpha, sample_rate, boundary_hz)
+    new_phase = np.concatenate([phase[:, :1], phase[:, :1] + np.cumsum(2.0 * np.pi * hop * warped_hz / sample_rate,
+                                                                        axis=1)], axis=1)
+    moved = np.abs(spec) * np.exp(1j * new_phase)
+    lo = np.clip(np.floor(pos).astype(np.int64), 0, k - 1)
+    hi = np.minimum(lo + 1, k - 1)
+    frac = (pos - lo)[:, None]
+    out = np.zeros_like(spec)
+    np.add.at(out, lo, (1.0 - frac) * moved)
+    np.add.at(out, hi, frac * moved)
+    _, y = scipy.signal.istft(out, fs=sample_rate, window="hann", nperseg=n_fft, noverlap=n_fft - hop)
+    y = np.pad(y, (0, max(0, n - y.shape[0])))[:n]
+    p_in, p_out = float(np.mean(x[:n] ** 2)), float(np.mean(y ** 2))
+    if p_out > 0.0:      # the same mean power as the input (re-phasing loses some where partials interfere)
+        y = y * np.sqrt(p_in / p_out)
+    return y.astype(np.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class AudioAugment:
     """Host-side waveform augmentation for the data loader: `aug(audio, sample_rate, rng) -> audio`.
 
     speeds: factors drawn uniformly per utterance (e.g. (0.9, 1.0, 1.1)). gain_db: (low, high) uniform gain.
     noise_snr_db: (low, high) uniform SNR, applied with probability noise_prob; noise from `noise_files`
-    (read with jasr.audio.load_audio) or, when none are given, white Gaussian noise.
+    (read with jasr.audio.load_audio) or, when none are given, white Gaussian noise. vtlp: (low, high) uniform
+    VTLP warp factor per utterance (:func:`vtlp`), applied after the speed change.
     """
     speeds: Sequence[float] = (1.0,)
     gain_db: tuple[float, float] | None = None
     noise_snr_db: tuple[float, float] | None = None
     noise_prob: float = 1.0
     noise_files: Sequence[str] = ()
+    vtlp: tuple[float, float] | None = None
 
     def __post_init__(self):
         if not self.speeds or any(s <= 0 for s in self.speeds):
             raise ValueError(f"AudioAugment.speeds must be positive factors, got {self.speeds}")
+        if self.vtlp is not None and (len(self.vtlp) != 2 or not 0 < self.vtlp[0] <= self.vtlp[1]):
+            raise ValueError(f"AudioAugment.vtlp must be (low, high) with 0 < low <= high, got {self.vtlp}")
 
     @property
     def min_speed(self) -> float:
@@ -164,6 +236,8 @@ class AudioAugment:
     def __call__(self, audio: np.ndarray, sample_rate: int, rng: np.random.Generator) -> np.ndarray:
         speed = float(self.speeds[int(rng.integers(len(self.speeds)))])
         audio = speed_perturb(audio, sample_rate, speed)
+        if self.vtlp is not None:
+            audio = vtlp(audio, sample_rate, float(rng.uniform(*self.vtlp)))
         if self.gain_db is not None:
             audio = volume_perturb(audio, float(rng.uniform(*self.gain_db)))
         if self.noise_snr_db is not None and rng.random() < self.noise_prob:

@@ -72,6 +72,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.gain_db = ()                 # (low, high): random gain in dB per training utterance
     c.data.noise_snr_db = ()            # (low, high): white noise at a random SNR in dB ...
     c.data.noise_prob = 0.5             # ... added to this fraction of training utterances
+    c.data.vtlp = ()                    # (low, high): vocal tract length perturbation, warp factor drawn per
+    #                                     training utterance (spectrum warped, tempo unchanged; host)
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "conformer_ctc"
@@ -115,6 +117,8 @@ def base_config() -> ml_collections.ConfigDict:
     #                                     tokens per hypothesis; 0: the model's limit (whisper: max_target_positions
     #                                     minus the prompt; aed: the encoder's output frames of the audio bucket)
     c.train.stop_after = 0              # stop (checkpointed) after this many steps of this process (0 = no)
+    c.train.ema_decay = 0.0             # > 0: keep an EMA of the params (jasr.averaging), checkpointed with the
+    #                                     state; dev evaluation, best checkpoint and load_run use the EMA
 
     # decode.py's defaults for this run (its flags override them); paths relative to the repo root
     c.decode = ml_collections.ConfigDict()
@@ -205,6 +209,9 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
         _require(len(d[k]) in (0, 2) and all(isinstance(v, (int, float)) for v in d[k])
                  and (not d[k] or d[k][0] <= d[k][1]), f"config 'data.{k}' must be () or (low, high), "
                                                        f"got {tuple(d[k])}")
+    _require(len(d.vtlp) in (0, 2) and all(isinstance(v, (int, float)) and 0.5 <= v <= 2.0 for v in d.vtlp)
+             and (not d.vtlp or d.vtlp[0] <= d.vtlp[1]),
+             f"config 'data.vtlp' must be () or (low, high) warp factors in [0.5, 2], low <= high, got {d.vtlp}")
     _require(0.0 <= d.noise_prob <= 1.0, f"config 'data.noise_prob' must be in [0, 1], got {d.noise_prob}")
     _require(not (d.device_features and d.feature not in ("fbank", "mfcc", "whisper")),
              f"config 'data.device_features' needs data.feature fbank/mfcc/whisper, got {d.feature!r}")
@@ -240,6 +247,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     _require(t.checkpoint_every % t.log_every == 0,
              f"config 'train.checkpoint_every'={t.checkpoint_every} must be a multiple of 'train.log_every'="
              f"{t.log_every} (so that a resumed run logs the same averages)")
+    _require(0.0 <= t.ema_decay < 1.0, f"config 'train.ema_decay' must be in [0, 1), got {t.ema_decay}")
     _require(t.keep_best >= 0, f"config 'train.keep_best' must be >= 0, got {t.keep_best}")
     _require(t.precision in PRECISIONS, f"config 'train.precision' must be one of {PRECISIONS}, "
                                         f"got {t.precision!r}")

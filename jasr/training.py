@@ -4,7 +4,9 @@ The loop does I/O only: it reads the config, data and tokenizer (:mod:`jasr.run_
 (:mod:`jasr.tasks`) for the task, creates or restores the :class:`~jasr.steps.TrainState`, runs the jitted
 :func:`~jasr.steps.train_step`, logs, evaluates dev WER and checkpoints. A run killed at any moment resumes at
 the same step, optimiser state, PRNG key and data position (the data iterator's state is checkpointed with the
-train state), and logs the same losses as a run that was never interrupted.
+train state), and logs the same losses as a run that was never interrupted. With ``train.ema_decay`` > 0 the loop
+also keeps an exponential moving average of the params (:mod:`jasr.averaging`), checkpointed with the state; dev
+evaluation, the best checkpoint and ``load_run`` then use the EMA params.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from jasr import metrics as metrics_lib
+from jasr.averaging import ema_decay_at, ema_update
 from jasr.checkpoint import Checkpointer
 from jasr.config import ConfigError, load_saved_config, save_config, validate_config
 from jasr.logs import SkipLog, TrainLogger
@@ -87,13 +90,14 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     it = iter(train_loader)
     ckpt = Checkpointer(ckpt_dir, keep_last=t.keep_last, keep_best=t.keep_best, async_save=t.async_checkpoint,
                         best_metric=task.best_metric)
-    start = 0
+    start, ema = 0, None
     for note in ckpt.repaired:
         print(f"[train] {note}", flush=True)
     if ckpt.latest_step() is not None:
         # the newest checkpoint that reads back whole; newer ones that do not are set aside (<step>.corrupt), so
         # that the run writes those steps again
-        _, state, extra, skipped = ckpt.restore_intact(_abstract_like(abstract))
+        _, saved, extra, skipped = ckpt.restore_intact(_abstract_like(checkpoint_tree(abstract, t.ema_decay)))
+        state, ema = split_checkpoint_tree(saved, t.ema_decay)
         for s, why in skipped:
             moved = ckpt.set_aside(s)
             print(f"[train] checkpoint step {s} does not read back whole ({why}); skipped it, moved to {moved}",
@@ -109,6 +113,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         print(f"[train] initialised from {src}", flush=True)
     else:
         state = _commit(init_fn(init_key, batch=init_batch))
+    if start == 0:
+        ema = state.params if t.ema_decay > 0 else None    # ema_0 = params_0
     if start >= t.num_steps:
         print(f"[train] already at step {start} >= train.num_steps={t.num_steps}; nothing to do", flush=True)
         ckpt.close()
@@ -116,6 +122,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
 
     # -- steps, logs, dev evaluation, checkpoints ---------------------------------------------------------------
     train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx))
+    ema_fn = jax.jit(lambda e, p, s: ema_update(e, p, ema_decay_at(s, t.ema_decay)))
     eval_fn = eval_function(task)
     dev_texts = reference_texts(data.dev)
     logger = TrainLogger(workdir, t.num_steps, start, progress=t.progress, tensorboard=t.tensorboard)
@@ -137,6 +144,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
             inputs = device_inputs(batch)
             state, m = train_fn(state, inputs, step_key(state))
             step += 1
+            if ema is not None:
+                ema = ema_fn(ema, state.params, state.step)
             infeasible.append((step, batch["ids"], m.pop("infeasible_rows")))
             acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
             n_acc += 1
@@ -154,8 +163,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                 acc, n_acc = None, 0
             dev_metrics = None
             if dev_loader is not None and (step % t.eval_every == 0 or step == t.num_steps):
-                dev_metrics, dev_results = evaluate(state, eval_fn, dev_loader, data.tokenizer, dev_texts,
-                                                    max_batches=t.max_eval_batches)
+                dev_metrics, dev_results = evaluate(_eval_state(state, ema), eval_fn, dev_loader, data.tokenizer,
+                                                    dev_texts, max_batches=t.max_eval_batches)
                 failed = [r for r in dev_results if "error" in r]
                 if failed:
                     _log_failed(skips, step, "dev", [r["id"] for r in failed], [r["error"] for r in failed], data,
@@ -167,7 +176,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                 key = task.best_metric[len("dev_"):]
                 ckpt_metrics = ({task.best_metric: float(dev_metrics[key])} if dev_metrics and key in dev_metrics
                                 else None)
-                ckpt.save(step, state, extra={"data_state": it.get_state(), "step": step}, metrics=ckpt_metrics)
+                ckpt.save(step, checkpoint_tree(state, t.ema_decay, ema),
+                          extra={"data_state": it.get_state(), "step": step}, metrics=ckpt_metrics)
             logger.advance(step)
             if stop_now:
                 logger.write(f"[train] stopping after {step - start} steps (train.stop_after)")
@@ -177,6 +187,22 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         logger.close()
     final.update({"step": step, "wall_s": time.time() - t0, "skipped_total": int(state.skipped)})
     return final
+
+
+def checkpoint_tree(state, ema_decay: float, ema=None):
+    """What a checkpoint holds: the TrainState, or ``{"state", "ema"}`` for a run with train.ema_decay > 0 (`ema`
+    defaults to ``state.params``: the restore target's structure)."""
+    return state if ema_decay <= 0 else {"state": state, "ema": state.params if ema is None else ema}
+
+
+def split_checkpoint_tree(tree, ema_decay: float):
+    """(TrainState, EMA params or None) from what :func:`checkpoint_tree` saved."""
+    return (tree, None) if ema_decay <= 0 else (tree["state"], tree["ema"])
+
+
+def _eval_state(state: TrainState, ema):
+    """The state evaluated on dev: with the EMA params when the run keeps an EMA."""
+    return state if ema is None else state.replace(params=ema)
 
 
 def _left_out_note(data: RunData, train_loader) -> str:
@@ -421,8 +447,9 @@ class RunInfo:
     bucket_edges: list | None
 
 
-def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None) -> RunInfo:
-    """A trained run; `checkpoint`: "best" (by the dev metric; the latest if none has one), "latest" or a step."""
+def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None, use_ema: bool = True) -> RunInfo:
+    """A trained run; `checkpoint`: "best" (by the dev metric; the latest if none has one), "latest" or a step.
+    For a run with train.ema_decay > 0 the state carries the EMA params (`use_ema=False`: the raw params)."""
     workdir = os.path.abspath(workdir)
     cfg_path = os.path.join(workdir, "config.json")
     if not os.path.exists(cfg_path):
@@ -447,18 +474,22 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None)
     raw = raw_audio_batches(cfg)
     shape = (1, family(cfg.model.name).init_length(raw), 8)
     target = jax.eval_shape(lambda: create_train_state(jax.random.PRNGKey(0), task, tx, dummy_batch(shape, fc, raw)))
+    target = checkpoint_tree(target, cfg.train.ema_decay)
     for note in ckpt.repaired:
         print(f"[load_run] {note}", file=sys.stderr, flush=True)
     try:
         if checkpoint in ("best", "latest"):   # the best (or latest) that reads back whole; a step is that step
-            step, state, _, skipped = ckpt.restore_intact(_abstract_like(target), prefer=checkpoint)
+            step, saved, _, skipped = ckpt.restore_intact(_abstract_like(target), prefer=checkpoint)
             for s, why in skipped:
                 print(f"[load_run] checkpoint step {s} of {workdir} does not read back whole ({why}); skipped it",
                       file=sys.stderr, flush=True)
         else:
-            state, _ = ckpt.restore(step, _abstract_like(target))
+            saved, _ = ckpt.restore(step, _abstract_like(target))
     finally:
         ckpt.close()
+    state, ema = split_checkpoint_tree(saved, cfg.train.ema_decay)
+    if ema is not None and use_ema:
+        state = state.replace(params=ema)
     edges = None
     if os.path.exists(os.path.join(workdir, "buckets.json")):
         with open(os.path.join(workdir, "buckets.json")) as f:

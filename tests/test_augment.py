@@ -10,7 +10,8 @@ import scipy.signal
 from hypothesis import given, settings, strategies as st
 
 from jasr.audio import load_audio
-from jasr.augment import AudioAugment, add_noise, spec_augment, speed_perturb, time_warp, volume_perturb
+from jasr.augment import (AudioAugment, add_noise, spec_augment, speed_perturb, time_warp, volume_perturb, vtlp,
+                          vtlp_warp)
 from jasr.features import fbank
 
 DATA = "/work/shared/data"
@@ -138,3 +139,58 @@ def test_audio_augment_is_seeded():
         AudioAugment(speeds=(0.0,))
     with pytest.raises(ValueError, match=r"\[B, T, F\]"):
         spec_augment(jax.random.key(0), jnp.zeros((3, 4)), jnp.zeros((3,)))
+
+
+def test_vtlp_warp_hand_values():
+    # alpha 1.1 at 8 kHz: boundary 0.8 * 4000 = 3200 Hz, b = 3200 / 1.1; above b a line to (4000, 4000)
+    b = 3200 / 1.1
+    f = np.array([0.0, 1000.0, b, (b + 4000) / 2, 4000.0])
+    np.testing.assert_allclose(vtlp_warp(f, 1.1, 8000), [0.0, 1100.0, 3200.0, 3600.0, 4000.0], rtol=1e-9)
+    np.testing.assert_allclose(vtlp_warp(np.array([1000.0, 3200.0, 3600.0, 4000.0]), 0.9, 8000),
+                               [900.0, 2880.0, 2880 + (4000 - 2880) / 2, 4000.0], rtol=1e-9)
+    grid = np.linspace(0, 4000, 101)
+    assert np.all(np.diff(vtlp_warp(grid, 0.85, 8000)) > 0) and np.all(np.diff(vtlp_warp(grid, 1.15, 8000)) > 0)
+    with pytest.raises(ValueError, match="alpha"):
+        vtlp_warp(grid, 0.0, 8000)
+
+
+def test_vtlp_moves_partials_and_keeps_length():
+    sr = 8000
+    t = np.arange(6000) / sr
+    x = (np.sin(2 * np.pi * 700 * t) + 0.5 * np.sin(2 * np.pi * 1500 * t)).astype(np.float32)
+    np.testing.assert_array_equal(vtlp(x, sr, 1.0), x)
+    for alpha in (0.9, 1.1):
+        y = vtlp(x, sr, alpha)
+        assert y.shape == x.shape and y.dtype == np.float32
+        assert abs(np.mean(y.astype(np.float64) ** 2) / np.mean(x.astype(np.float64) ** 2) - 1) < 1e-4
+        f, p = scipy.signal.welch(y, sr, nperseg=1024)
+        low, high = f < 1100, f >= 1100
+        peaks = [f[low][np.argmax(p[low])], f[high][np.argmax(p[high])]]
+        np.testing.assert_allclose(peaks, [700 * alpha, 1500 * alpha], atol=sr / 1024)
+        assert p[np.argmin(np.abs(f - 1500))] < 1e-2 * p[np.argmin(np.abs(f - 1500 * alpha))]   # moved, not copied
+    # speech: the power spectrum is warped, P_y(f) ~ P_x(w^-1(f)), far better than P_x(f)
+    x = load_audio(FSDD[1], sr)
+    for alpha in (0.9, 1.1):
+        y = vtlp(x, sr, alpha)
+        f, px = scipy.signal.welch(x, sr, nperseg=256)
+        _, py = scipy.signal.welch(y, sr, nperseg=256)
+        band = (f > 100) & (f < 3000)
+        ly = np.log(py[band])
+
+        def fit(a):      # mean |log P_y(f) - log P_x(w_a^-1(f))| up to a constant gain
+            d = ly - np.log(np.interp(np.interp(f[band], vtlp_warp(f, a, sr), f), f, px))
+            return np.mean(np.abs(d - np.mean(d)))
+        assert fit(alpha) < 0.75 * fit(1.0) and fit(alpha) < 0.75 * fit(1 / alpha), (fit(alpha), fit(1.0))
+
+
+def test_audio_augment_vtlp():
+    x = load_audio(FSDD[1], 8000)
+    aug = AudioAugment(vtlp=(0.9, 1.1))
+    a = aug(x, 8000, np.random.default_rng(3))
+    assert a.shape == x.shape and not np.array_equal(a, x)
+    np.testing.assert_array_equal(a, aug(x, 8000, np.random.default_rng(3)))
+    for bad in ((1.1, 0.9), (0.0, 1.0), (0.9,)):
+        with pytest.raises(ValueError, match="vtlp"):
+            AudioAugment(vtlp=bad)
+    with pytest.raises(ValueError, match="mono"):
+        vtlp(np.zeros((2, 100), np.float32), 8000, 1.1)
