@@ -1,29 +1,32 @@
-"""CTC prefix beam search with a word n-gram LM: jasr.ctc_prefix_beam_search vs pyctcdecode (+ kenlm), same logits,
-same ARPA file, one run.
+"""CTC prefix beam search with a word n-gram LM: jasr.ctc_prefix_beam_search vs pyctcdecode (+ kenlm) and
+flashlight-text's LexiconDecoder (+ KenLM), same log-probs, same ARPA file, one run.
 
-    python bench/decode.py [--venv /tmp/bench-venv] [--batch 32] [--beam 16] [--out bench/results/decode.md]
+    python bench/decode.py [--venv /tmp/bench-venv] [--batch 32] [--beam 16] [--workdir runs/fsdd_more]
+                           [--inputs synthetic,fsdd] [--out bench/results/decode.md]
 
-pyctcdecode and kenlm live in their own virtual environment (--venv; `python3 -m venv /tmp/bench-venv &&
-/tmp/bench-venv/bin/pip install pyctcdecode kenlm`); this script runs itself there as a worker (`--worker`) for
-the pyctcdecode side, so only numpy and the standard library are imported at the top, and jax / jasr only on the
-jasr side.
+The peers live in their own virtual environment (--venv; `python3.11 -m venv /tmp/bench-venv &&
+/tmp/bench-venv/bin/pip install pyctcdecode kenlm flashlight-text`): bench/decode_peers.py runs there as a
+persistent worker (JSON lines), so that their timed passes interleave with jasr's in the same run.
 
-Data (synthetic, seeded): sentences from a random word Markov chain over the words of the shared LJSpeech and
-LibriVox transcripts; a trigram ARPA LM (absolute discounting with backoff) estimated from 3000 such sentences;
-32 longer sentences (12-24 words) from the same chain turned into peaky character-CTC log-probs shaped like a
-trained model's (mostly blank, one to three frames per character, 10 % confusable frames where another character
-competes), 40 ms frames, T ~ 200-500.
+Inputs:
+- synthetic (seeded): sentences from a random word Markov chain over the words of the shared LJSpeech and LibriVox
+  transcripts; a trigram ARPA LM (absolute discounting with backoff) estimated from 3000 such sentences; 32 longer
+  sentences (12-24 words) turned into peaky character-CTC log-probs shaped like a trained model's (mostly blank,
+  one to three frames per character, 10 % confusable frames where another character competes), 40 ms frames.
+- fsdd: a trained run's CTC log-probs (--workdir, default runs/fsdd_more) on 32 held-out-speaker utterances, real
+  lengths, with a word bigram (Kneser-Ney) of the run's training transcripts estimated by jasr.ngram_estimate.
 
 Scores: every decoder's best hypothesis is re-scored with one objective, acoustic (exact CTC log-likelihood of the
 text, float64 forward algorithm) + alpha * ln P_LM(text, with <s> and </s>, kenlm) + beta * words + OOV offset
 (pyctcdecode's: alpha * unk_score_offset * ln 10 per out-of-vocabulary word), so the higher objective is the
-better search result. jasr reads the same ARPA with jasr.ngram.read_arpa (NgramLM, checked against kenlm here) and
-fuses it at word level with the ARPA's unigrams as its lexicon (not constrained).
+better search result. jasr reads the same ARPA with jasr.ngram.read_arpa (checked against kenlm here) and fuses it
+at word level with the ARPA's unigrams as its lexicon (not constrained), with and without LM look-ahead.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -166,9 +169,9 @@ def synth_logprobs(texts, rng):
     return lp.astype(np.float32), np.array([len(f) for f in utts])
 
 
-def ctc_log_likelihood(lp, text):
-    """log P(text | lp) summed over all CTC alignments (float64 forward algorithm)."""
-    lab = [CHARS.index(c) + 1 for c in text]
+def ctc_log_likelihood(lp, text, tokens=CHARS):
+    """log P(text | lp) summed over all CTC alignments (float64 forward algorithm); token id = index + 1."""
+    lab = [tokens.index(c) + 1 for c in text]
     ext = [0]
     for t in lab:
         ext += [t, 0]
@@ -198,80 +201,175 @@ def wer_counts(ref, hyp):
     return int(d[-1]), len(r)
 
 
+# ----------------------------------------------------------------------------------------------- inputs
+def synthetic_input(args, tmp):
+    words = shared_words()
+    rng = np.random.default_rng(args.seed)
+    train = markov_sentences(words, 3000, np.random.default_rng(args.seed + 1), rng)
+    test = markov_sentences(words, args.batch, np.random.default_rng(args.seed + 1), rng, 12, 25)
+    lp, lengths = synth_logprobs(test, rng)
+    arpa = os.path.join(tmp, "synthetic.arpa")
+    write_arpa(train, arpa)
+    return {"name": "synthetic", "lp": lp, "lengths": lengths, "arpa": arpa, "tokens": CHARS, "refs": test,
+            "frame_shift": FRAME_SHIFT,
+            "what": "synthetic peaky character-CTC log-probs of Markov-chain sentences (12-24 words) over the words "
+                    "of the shared LJSpeech / LibriVox transcripts (10 % confusable character frames); word "
+                    "trigram ARPA (absolute discounting) from 3000 sentences of the same chain"}
+
+
+def fsdd_input(args, tmp):
+    """Trained-model log-probs: the run's CTC head on `args.batch` dev utterances (every k-th, real lengths)."""
+    import jax   # noqa: E402 jasr's side only
+    from jasr.ngram import write_arpa as jasr_write_arpa
+    from jasr.ngram_estimate import estimate_kneser_ney
+    from jasr.run_data import make_eval_loader, split_utterances
+    from jasr.steps import AUDIO_KEYS
+    from jasr.training import load_run
+    run = load_run(args.workdir, checkpoint=args.checkpoint, root=ROOT)
+    tokens = list(run.tokenizer.chars)
+    if run.task.blank_id != 0 or " " not in tokens:
+        raise ValueError(f"{args.workdir}: the bench needs blank id 0 and a space token (character tokenizer)")
+    utts = split_utterances(run.config, "dev", ROOT)
+    utts = utts[::max(1, len(utts) // args.batch)][:args.batch]
+    fn = jax.jit(lambda state, batch: run.task.ctc_log_probs(state.params, state.model_state, batch))
+    per_id = {}
+    for batch in make_eval_loader(run.config, utts, run.tokenizer, edges=run.bucket_edges, task=run.task):
+        lp, pads = jax.device_get(fn(run.state, {k: batch[k] for k in AUDIO_KEYS if k in batch}))
+        for r, uid in enumerate(str(x) for x in batch["ids"]):
+            if uid:
+                per_id[uid] = lp[r, :int((pads[r] < 0.5).sum())]
+    mats = [per_id[u.id] for u in utts]
+    lengths = np.array([len(m) for m in mats])
+    lp = np.zeros((len(mats), lengths.max(), len(tokens) + 1), np.float32)
+    lp[:, :, 0] = 0.0   # padded frames: certain blanks (log 1); never read by any decoder
+    lp[:, :, 1:] = -1e4
+    for b, m in enumerate(mats):
+        lp[b, :len(m)] = m
+    arpa = os.path.join(tmp, "fsdd.arpa")
+    train_text = [u.text for u in split_utterances(run.config, "train", ROOT)]
+    jasr_write_arpa(estimate_kneser_ney(train_text, 2, discount_fallback=(0.5, 1.0, 1.5)), arpa)
+    shift = FRAME_SHIFT if not lengths.size else float(np.mean([u.duration for u in utts]) / lengths.mean())
+    return {"name": "fsdd", "lp": lp, "lengths": lengths, "arpa": arpa, "tokens": tokens,
+            "refs": [u.text for u in utts], "frame_shift": shift,
+            "what": f"trained-model log-probs: the CTC head of `{args.workdir}` (checkpoint step {run.step}) on "
+                    f"{len(utts)} utterances of the FSDD held-out speaker (one spoken digit each, real lengths); "
+                    f"word bigram LM (Kneser-Ney, jasr.ngram_estimate) of the run's training transcripts"}
+
+
 # ----------------------------------------------------------------------------------------------- decoders
-def run_pyctcdecode(args):
-    """Worker in the bench venv: pyctcdecode timings and texts, kenlm scores of the given texts."""
-    import kenlm   # noqa: E402 the bench venv's packages, absent from jasr's environment
-    from pyctcdecode import build_ctcdecoder
-    data = np.load(args.data)
-    lp, lengths = data["lp"], data["lengths"]
-    with open(args.texts) as f:
-        to_score = json.load(f)
-    out = {}
-    for name, arpa in (("nolm", None), ("lm", args.arpa)):
-        dec = build_ctcdecoder([""] + CHARS, kenlm_model_path=arpa, alpha=args.alpha, beta=args.beta,
-                               unk_score_offset=args.unk_offset)
-        opts = dict(beam_width=args.beam, beam_prune_logp=-10.0, token_min_logp=-5.0)
-        dec.decode_beams(lp[0, :lengths[0]], **opts)   # warm-up (builds caches)
-        times, texts = [], None
-        for _ in range(args.py_reps):
-            start = time.perf_counter()
-            beams = [dec.decode_beams(lp[b, :lengths[b]], **opts) for b in range(lp.shape[0])]
-            times.append(time.perf_counter() - start)
-            texts = [bm[0][0] for bm in beams]
-        out[name] = {"seconds": times, "texts": texts}
-    model = kenlm.Model(args.arpa)
-    vocab = set(read_arpa(args.arpa)) - {("<s>",), ("</s>",), ("<unk>",)}
-    all_texts = sorted({t for v in out.values() for t in v["texts"]} | set(to_score))
-    out["kenlm"] = {t: [model.score(t, bos=True, eos=True) * LN10, sum((w,) not in vocab for w in t.split())]
-                    for t in all_texts}
-    with open(args.result, "w") as f:
-        json.dump(out, f)
+class PeerWorker:
+    """bench/decode_peers.py in the bench venv, as a persistent subprocess (JSON lines)."""
+
+    def __init__(self, venv):
+        self.proc = subprocess.Popen([os.path.join(venv, "bin", "python"), os.path.join(ROOT, "bench",
+                                      "decode_peers.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, **req):
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"decode_peers.py ended (exit {self.proc.wait()}) on {req['cmd']}")
+            if line.startswith("{"):   # anything else a peer library printed
+                return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
-def run_jasr(lp, lengths, arpa, args):
-    """jasr's side: (seconds per batch call [reps], compile s, {name: texts}, dense-LM scores of texts)."""
-    import jax   # noqa: E402 imported here so that the worker in the bench venv never needs jax
-    import jax.numpy as jnp
-    from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists
-    from jasr.lexicon import make_lexicon
+def jasr_calls(inp, args):
+    """{row name: (call, description)}: jitted ctc_prefix_beam_search calls on the whole batch."""
+    import jax.numpy as jnp   # noqa: E402
+    from jasr.ctc_beam import ctc_prefix_beam_search
+    from jasr.lexicon import make_lexicon, make_lm_lookahead
     from jasr.ngram import read_arpa as jasr_read_arpa
 
-    lm = jasr_read_arpa(arpa)
+    tokens = inp["tokens"]
+    lm = jasr_read_arpa(inp["arpa"])
     words = [w for w in lm.vocab.words if w not in ("<s>", "</s>", "<unk>")]
-    lex = make_lexicon([[CHARS.index(c) + 1 for c in w] for w in words], len(CHARS) + 1,
-                       word_ids=lm.ids(words).tolist(), boundary_ids=[1], unk_id=lm.unk_id)
-    pad = (np.arange(lp.shape[1])[None] >= lengths[:, None]).astype(np.float32)
-    lpj, padj = jnp.asarray(lp), jnp.asarray(pad)
+    lex = make_lexicon([[tokens.index(c) + 1 for c in w] for w in words], len(tokens) + 1,
+                       word_ids=lm.ids(words).tolist(), boundary_ids=[tokens.index(" ") + 1], unk_id=lm.unk_id)
+    look = make_lm_lookahead(lex, lm)
+    lp, lengths = inp["lp"], inp["lengths"]
+    pad = jnp.asarray((np.arange(lp.shape[1])[None] >= lengths[:, None]).astype(np.float32))
+    lpj = jnp.asarray(lp)
     oov = args.alpha * args.unk_offset * LN10
-    configs = {"nolm": dict(), "lm": dict(lm=lm, lm_weight=args.alpha, lm_level="word", word_bonus=args.beta,
-                                          lexicon=lex, oov_penalty=oov)}
-    out = {}
+    lm_kw = dict(lm=lm, lm_weight=args.alpha, lm_level="word", word_bonus=args.beta, lexicon=lex, oov_penalty=oov)
+    configs = {"nolm": {}, "lm": lm_kw, "lm+lookahead": dict(lm_kw, lm_lookahead=look)}
+    calls = {}
     for name, kw in configs.items():
         for topk in args.topk:
             cap = None if topk == "auto" else int(topk)
-            call = lambda: ctc_prefix_beam_search(lpj, padj, args.beam, nbest=1, token_topk=cap,  # noqa: E731
-                                                  token_min_logp=-5.0, beam_prune_logp=-10.0, **kw)
-            start_t = time.perf_counter()
-            jax.block_until_ready(call())
-            compile_s = time.perf_counter() - start_t
-            times = []
-            for _ in range(args.reps):
-                start_t = time.perf_counter()
-                res = jax.block_until_ready(call())
-                times.append(time.perf_counter() - start_t)
-            raw = ["".join(CHARS[t - 1] for t in h[0][0]) for h in nbest_lists(res)]
-            out[f"{name}/{topk}"] = {"seconds": times, "compile": compile_s, "raw": raw,
-                                     "texts": [" ".join(t.split()) for t in raw],
-                                     "scores": np.asarray(res.scores[:, 0]).tolist()}
+            calls[f"{name}/{topk}"] = functools.partial(
+                ctc_prefix_beam_search, lpj, pad, args.beam, nbest=1, token_topk=cap, token_min_logp=-5.0,
+                beam_prune_logp=-10.0, **kw)
+    return calls, lm, words, look.conditioned
 
-    out["jasr_lm"] = {t: lm.score_sentence(t) for k, v in list(out.items()) for t in v["texts"]}
-    return out, jax.__version__
+
+def measure(inp, args, tmp):
+    """Interleaved timing of jasr's rows and the peers' passes on one input; texts; objectives."""
+    import jax   # noqa: E402
+    from jasr.ctc_beam import nbest_lists
+    data = os.path.join(tmp, inp["name"] + ".npz")
+    np.savez(data, lp=inp["lp"], lengths=inp["lengths"])
+    calls, lm, words, conditioned = jasr_calls(inp, args)
+    worker = PeerWorker(args.venv)
+    setup = worker.ask(cmd="setup", data=data, arpa=inp["arpa"], tokens=inp["tokens"], alpha=args.alpha,
+                       beta=args.beta, unk_offset=args.unk_offset, beam=args.beam, lexicon=words)
+    peers = ["pyctcdecode/nolm", "pyctcdecode/lm"] + (["flashlight/lm"] if not setup["flashlight_error"] else [])
+    out = {k: {"wall": [], "cpu": []} for k in list(calls) + peers}
+    for key, call in calls.items():
+        start = time.perf_counter()
+        res = jax.block_until_ready(call())
+        out[key]["compile"] = time.perf_counter() - start
+        tokens = inp["tokens"]
+        raw = ["".join(tokens[t - 1] for t in h[0][0]) for h in nbest_lists(res)]
+        out[key].update(raw=raw, texts=[" ".join(t.split()) for t in raw], scores=np.asarray(res.scores[:, 0]))
+    for _ in range(args.reps):   # one rep: every peer pass, each followed by the jasr rows it is compared with
+        for peer in peers:
+            got = worker.ask(cmd="pass", decoder=peer)
+            out[peer]["wall"].append(got["wall"])
+            out[peer]["cpu"].append(got["cpu"])
+            out[peer]["texts"] = [" ".join(t.split()) for t in got["texts"]]
+            for key in calls:
+                if key.startswith("nolm/") == peer.endswith("/nolm"):
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    jax.block_until_ready(calls[key]())
+                    paired = out[key].setdefault("paired", {}).setdefault(peer, {"wall": [], "cpu": []})
+                    paired["wall"].append(time.perf_counter() - wall)
+                    paired["cpu"].append(time.process_time() - cpu)
+                    out[key]["wall"].append(paired["wall"][-1])
+                    out[key]["cpu"].append(paired["cpu"][-1])
+    texts = sorted({t for v in out.values() for t in v["texts"]} | set(inp["refs"]))
+    kenlm_scores = worker.ask(cmd="kenlm", texts=texts)["scores"]
+    worker.close()
+    lm_diff = max(abs(lm.score_sentence(t) - kenlm_scores[t][0]) for t in texts if t)
+    return out, peers, setup, kenlm_scores, lm_diff, conditioned
+
+
+def objective_fn(inp, args, kenlm_scores, with_lm):
+    alpha, beta = (args.alpha, args.beta) if with_lm else (0.0, 0.0)
+    oov = args.alpha * args.unk_offset * LN10 if with_lm else 0.0
+
+    def objective(b, text):
+        lm_s, n_oov = kenlm_scores[" ".join(text.split())] if with_lm else (0.0, 0)
+        lp = inp["lp"][b, :inp["lengths"][b]]
+        return ctc_log_likelihood(lp, text, inp["tokens"]) + alpha * lm_s + beta * len(text.split()) + oov * n_oov
+    return objective
+
+
+def ratios(peer, mine):
+    """Per-rep speed-ups peer / jasr (the same rep: the same load): (median, least favourable, best)."""
+    r = np.array(peer) / np.array(mine)
+    return float(np.median(r)), float(r.min()), float(r.max())
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--venv", default="/tmp/bench-venv")
+    ap.add_argument("--venv", default="/tmp/bench-venv", help="virtual env with pyctcdecode, kenlm, flashlight-text")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--beam", type=int, default=16)
     ap.add_argument("--topk", default="8,auto", type=lambda v: v.split(","),
@@ -280,115 +378,131 @@ def main():
     ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--beta", type=float, default=1.5)
     ap.add_argument("--unk-offset", type=float, default=-10.0)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--py-reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "runs", "fsdd_more"),
+                    help="a trained character-CTC run for the trained-model input ('' to skip)")
+    ap.add_argument("--checkpoint", default="best")
+    ap.add_argument("--inputs", default="synthetic,fsdd", type=lambda v: v.split(","))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "decode.md"))
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--arpa", help=argparse.SUPPRESS)
-    ap.add_argument("--texts", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        return run_pyctcdecode(args)
     sys.path.insert(0, ROOT)
-    load_before = os.getloadavg()
-    words = shared_words()
-    rng = np.random.default_rng(args.seed)
-    train = markov_sentences(words, 3000, np.random.default_rng(args.seed + 1), rng)
-    test = markov_sentences(words, args.batch, np.random.default_rng(args.seed + 1), rng, 12, 25)
-    lp, lengths = synth_logprobs(test, rng)
+    from jasr.training import enable_compilation_cache  # noqa: E402
+    enable_compilation_cache(ROOT)
+    import jax   # noqa: E402
+    sections = []
     with tempfile.TemporaryDirectory() as tmp:
-        arpa = os.path.join(tmp, "lm.arpa")
-        write_arpa(train, arpa)
-        jasr_out, jax_version = run_jasr(lp, lengths, arpa, args)
-        data, texts, result = (os.path.join(tmp, n) for n in ("data.npz", "texts.json", "result.json"))
-        np.savez(data, lp=lp, lengths=lengths)
-        with open(texts, "w") as f:
-            json.dump(sorted({t for k, v in jasr_out.items() if k != "jasr_lm" for t in v["texts"]} | set(test)), f)
-        subprocess.run([os.path.join(args.venv, "bin", "python"), os.path.abspath(__file__), "--worker", "--data",
-                        data, "--arpa", arpa, "--texts", texts, "--result", result, "--beam", str(args.beam),
-                        "--alpha", str(args.alpha), "--beta", str(args.beta), "--unk-offset", str(args.unk_offset),
-                        "--py-reps", str(args.py_reps)], check=True)
-        with open(result) as f:
-            py_out = json.load(f)
-        py_versions = subprocess.run([os.path.join(args.venv, "bin", "python"), "-c",
-                                      "import importlib.metadata as m; print(m.version('pyctcdecode'), "
-                                      "m.version('kenlm'))"], capture_output=True, text=True).stdout.split()
-    load_after = os.getloadavg()
-    kenlm_scores = py_out["kenlm"]
-    lm_diff = max(abs(jasr_out["jasr_lm"][t] - kenlm_scores[t][0]) for t in jasr_out["jasr_lm"] if t)
-    rows = []
-    for key in (k for k in jasr_out if k != "jasr_lm"):
+        builders = {"synthetic": synthetic_input, "fsdd": fsdd_input}
+        for name in args.inputs:
+            if name == "fsdd" and not (args.workdir and os.path.exists(os.path.join(args.workdir, "config.json"))):
+                sections.append(["## fsdd", "", f"(skipped: no trained run at `{args.workdir}`)", ""])
+                continue
+            inp = builders[name](args, tmp)
+            load_before, up_before = os.getloadavg(), uptime()
+            meas = measure(inp, args, tmp)
+            sections.append(report_section(inp, args, meas, load_before, os.getloadavg(), up_before))
+            print("\n".join(sections[-1]), flush=True)
+    write_report(args, sections, jax.__version__)
+
+
+def uptime():
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "uptime unavailable"
+
+
+def report_section(inp, args, meas, load_before, load_after, up_before):
+    out, peers, setup, kenlm_scores, lm_diff, conditioned = meas
+    lp, lengths = inp["lp"], inp["lengths"]
+    versions = setup["versions"]
+    audio_s = float(lengths.sum()) * inp["frame_shift"]
+    med = {k: statistics.median(v["wall"]) for k, v in out.items() if v["wall"]}
+    lines = [f"## Input: {inp['name']}", "",
+             f"{inp['what']}. Batch {lp.shape[0]}, V = {lp.shape[2]}, T = {lengths.min()}-{lengths.max()} frames "
+             f"(padded to {lp.shape[1]}; {audio_s:.0f} s of audio). `uptime` before: `{up_before}`; load average "
+             f"after: {load_after[0]:.1f}. Peers: "
+             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", ""]
+    if setup["flashlight_error"]:
+        lines += [f"flashlight-text could not be used: `{setup['flashlight_error']}`", ""]
+    lines += ["### Speed (batch call vs one utterance after another; the same reps, interleaved)", "",
+              "| jasr row | tokens / frame | jasr s / batch | jasr first call s | peer | peer s / batch | speed-up "
+              "median (least favourable - best rep) | CPU-time speed-up |",
+              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for key in (k for k in out if not k.startswith(("pyctcdecode", "flashlight"))):
         name, topk = key.split("/")
-        alpha, beta = (args.alpha, args.beta) if name == "lm" else (0.0, 0.0)
-        oov = args.alpha * args.unk_offset * LN10 if name == "lm" else 0.0
+        for peer, mine in out[key]["paired"].items():
+            m, lo, hi = ratios(out[peer]["wall"], mine["wall"])
+            c = statistics.median(out[peer]["cpu"]) / statistics.median(mine["cpu"])
+            cap = topk if topk == "auto" else "<= " + topk
+            lines.append(f"| {name} | {cap} | {statistics.median(mine['wall']):.3f} | {out[key]['compile']:.1f} | "
+                         f"{peer} | {med[peer]:.3f} | {m:.1f}x ({lo:.1f}x - {hi:.1f}x) | {c:.1f}x |")
+    lines += ["", "### Best-path objective (re-scored by one function) and WER", "",
+              "| decoder | tokens / frame | mean objective | vs pyctcdecode: better / equal / worse | vs flashlight: "
+              "better / equal / worse | WER | own score vs re-score |",
+              "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
+    objs = {}
+    for key in out:
+        with_lm = not key.endswith("nolm") and not key.startswith("nolm/")
+        f = objective_fn(inp, args, kenlm_scores, with_lm)
+        objs[key] = np.array([f(b, t) for b, t in enumerate(out[key]["texts"])])
+    for key in out:
+        with_lm = not key.endswith("nolm") and not key.startswith("nolm/")
+        cmp = []
+        for peer in ("pyctcdecode/lm" if with_lm else "pyctcdecode/nolm", "flashlight/lm"):
+            if peer == key or peer not in objs or (peer.startswith("flashlight") and not with_lm):
+                cmp.append("")
+                continue
+            d = objs[key] - objs[peer]
+            cmp.append(f"{int((d > 1e-3).sum())} / {int((np.abs(d) <= 1e-3).sum())} / {int((d < -1e-3).sum())}")
+        errs = np.sum([wer_counts(r, h) for r, h in zip(inp["refs"], out[key]["texts"])], axis=0)
+        own = ""
+        if "raw" in out[key]:
+            f = objective_fn(inp, args, kenlm_scores, with_lm)
+            own = f"{np.abs(np.array([f(b, r) for b, r in enumerate(out[key]['raw'])]) - out[key]['scores']).max():.1e}"
+        label = key if key.startswith(("pyctcdecode", "flashlight")) else "jasr " + key.split("/")[0]
+        cap = "" if key.startswith(("pyctcdecode", "flashlight")) else key.split("/")[1]
+        lines.append(f"| {label} | {cap} | {objs[key].mean():.2f} | {cmp[0]} | {cmp[1]} | "
+                     f"{errs[0] / max(errs[1], 1):.1%} | {own} |")
+    lines += ["", f"jasr.ngram.NgramLM (read_arpa) vs kenlm on every text: max |diff| {lm_diff:.1e} (ln). jasr's "
+              f"look-ahead table is {'conditioned on the LM state' if conditioned else 'unigram'}.", ""]
+    return lines
 
-        def objective(b, text, raw=None):
-            lm_s, n_oov = kenlm_scores[" ".join(text.split())] if name == "lm" else (0.0, 0)
-            return (ctc_log_likelihood(lp[b, :lengths[b]], text if raw is None else raw) + alpha * lm_s
-                    + beta * len(text.split()) + oov * n_oov)
-        jt, pt = jasr_out[key]["texts"], py_out[name]["texts"]
-        obj_j = np.array([objective(b, t) for b, t in enumerate(jt)])
-        obj_p = np.array([objective(b, t) for b, t in enumerate(pt)])
-        obj_raw = np.array([objective(b, t, r) for b, (t, r) in enumerate(zip(jt, jasr_out[key]["raw"]))])
-        err_j = np.sum([wer_counts(r, h) for r, h in zip(test, jt)], axis=0)
-        err_p = np.sum([wer_counts(r, h) for r, h in zip(test, pt)], axis=0)
-        own = np.abs(obj_raw - np.array(jasr_out[key]["scores"])).max()
-        j_s, p_s = statistics.median(jasr_out[key]["seconds"]), statistics.median(py_out[name]["seconds"])
-        fastest = min(py_out[name]["seconds"]) / min(jasr_out[key]["seconds"])
-        speed = f"{p_s / j_s:.1f}x ({fastest:.1f}x)"
-        cap = topk if topk == "auto" else "<= " + topk
-        rows.append((name, cap, j_s, jasr_out[key]["compile"], p_s, speed, obj_j.mean(), obj_p.mean(),
-                     int((obj_j > obj_p + 1e-3).sum()), int((np.abs(obj_j - obj_p) <= 1e-3).sum()),
-                     int((obj_j < obj_p - 1e-3).sum()), err_j[0] / err_j[1], err_p[0] / err_p[1], own))
-    write_report(args, rows, lengths, lp.shape, load_before, load_after, lm_diff, jax_version, py_versions)
 
-
-def write_report(args, rows, lengths, shape, load_before, load_after, lm_diff, jax_version, py_versions):
+def write_report(args, sections, jax_version):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    audio_s = float(lengths.sum()) * FRAME_SHIFT
     lines = [
-        "# CTC prefix beam search benchmark (CPU, word trigram LM)", "",
+        "# CTC prefix beam search benchmark (CPU, word n-gram LM)", "",
         f"`python bench/decode.py` — {now}; {platform.machine()}, {os.cpu_count()} CPU cores shared with other "
-        f"jobs (load average {load_before[0]:.1f} before, {load_after[0]:.1f} after); jax {jax_version}, "
-        f"pyctcdecode {(py_versions + ['?'])[0]}, kenlm {(py_versions + ['?', '?'])[1]}.",
-        "",
-        f"Batch {shape[0]} synthetic peaky character-CTC log-prob matrices (V = {shape[2]}, T = {lengths.min()}-"
-        f"{lengths.max()} frames, padded to {shape[1]}; {audio_s:.0f} s of audio at {FRAME_SHIFT * 1000:.0f} ms "
-        f"frames), beam {args.beam}, token_min_logp -5, beam_prune_logp -10 in both; jasr also caps the tokens "
-        f"tried per frame (a static shape; auto: as many as the fullest frame of the batch has above "
-        f"token_min_logp, rounded up to a power of two, which drops nothing that token_min_logp keeps). LM: trigram "
-        f"ARPA from 3000 sentences; "
-        f"alpha {args.alpha}, beta {args.beta}, OOV offset {args.unk_offset} (pyctcdecode's unk_score_offset). "
-        f"jasr = one jitted `ctc_prefix_beam_search` call on the whole batch (median of {args.reps}, after "
-        f"compiling); pyctcdecode = `decode_beams` on each utterance in turn, one process (median of "
-        f"{args.py_reps} passes).", "",
-        "| LM | jasr tokens / frame | jasr s / batch | jasr first call s | pyctcdecode s / batch | "
-        "speed-up (fastest runs) | "
-        "mean objective jasr | mean objective pyctcdecode | jasr better / equal / worse | WER jasr | WER pyctcdecode | "
-        "jasr score vs re-score |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
-    for (name, topk, j_s, comp, p_s, ratio, oj, op, better, equal, worse, wj, wp, own) in rows:
-        lines.append(f"| {'word trigram' if name == 'lm' else 'none'} | {topk} | {j_s:.3f} | {comp:.1f} | "
-                     f"{p_s:.3f} | {ratio} | {oj:.2f} | {op:.2f} | {better} / {equal} / {worse} | {wj:.1%} | "
-                     f"{wp:.1%} | {own:.1e} |")
-    lines += ["",
-              "Objective = exact CTC log-likelihood of the best text (float64 forward) + alpha * kenlm ln P(text) + "
-              "beta * words + OOV offsets: the score both decoders maximise, recomputed independently of either; "
-              "better / equal / worse counts utterances (tolerance 1e-3). `jasr score vs re-score`: max |jasr's "
-              "own total - objective of its raw token sequence|; jasr's total sums the alignments that stayed in "
-              "the beam, so it lies below the exact sum by those pruned (it converges with a wider beam). "
-              f"jasr.ngram.NgramLM (read_arpa) vs kenlm on every text jasr output: "
-              f"max |diff| {lm_diff:.1e} (ln). WER against the sentences the logits were drawn from (the synthetic "
-              "logits are noisier than a good model's: 10 % of the character frames are confusable). `jasr first "
-              "call`: compiling, or loading the program from JAX's persistent cache where JAX_COMPILATION_CACHE_DIR "
-              "is set. pyctcdecode's decode_batch (a process pool) is not used: the machine has two shared cores."]
+        f"jobs; jax {jax_version}. Beam {args.beam}, token_min_logp -5, beam_prune_logp -10 in jasr and "
+        f"pyctcdecode; jasr also caps the tokens tried per frame (a static shape; auto: as many as the fullest frame "
+        f"of the batch has above token_min_logp, rounded up to a power of two, which drops nothing that "
+        f"token_min_logp keeps). alpha {args.alpha}, beta {args.beta}, OOV offset {args.unk_offset} "
+        f"(pyctcdecode's unk_score_offset; jasr's oov_penalty = alpha * offset * ln 10). jasr = one jitted "
+        f"`ctc_prefix_beam_search` call on the whole batch, fused at word level with the ARPA's words as its "
+        f"lexicon (not constrained); `lm+lookahead` adds `lm_lookahead=make_lm_lookahead(lexicon, lm)`. "
+        f"pyctcdecode = `decode_beams` on each utterance in turn, one process. flashlight-text = "
+        f"`LexiconDecoder` on each utterance in turn: the ARPA's words as its lexicon (it cannot output other "
+        f"words), KenLM on the same ARPA with lm_weight alpha * ln 10 (KenLM scores are log10), word_score beta, "
+        f"beam {args.beam}, beam_threshold 10, every token tried per frame, trie smeared with max, log_add "
+        f"(sums alignments, as prefix beam search). Timing: {args.reps} reps after compiling / warming up; each "
+        f"rep runs every peer pass followed at once by the jasr rows compared with it, so that a ratio compares "
+        f"two runs under the same machine load; the speed-up column gives the median rep and the least "
+        f"favourable and best reps, the CPU-time column the ratio of median process CPU times.", ""]
+    for s in sections:
+        lines += s
+    lines += [
+        "Objective = exact CTC log-likelihood of the best text (float64 forward) + alpha * kenlm ln P(text) + "
+        "beta * words + OOV offsets: the score all decoders maximise, recomputed independently of each; "
+        "better / equal / worse counts utterances (tolerance 1e-3). `own score vs re-score`: max |jasr's own total "
+        "- objective of its raw token sequence|; jasr's total sums the alignments that stayed in the beam, so it "
+        "lies below the exact sum by those pruned. WER against the texts the logits come from (synthetic) or the "
+        "references (FSDD). `jasr first call`: compiling, or loading from JAX's persistent cache. pyctcdecode's "
+        "decode_batch (a process pool) is not used: the machine has two shared cores."]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(f"wrote {args.out}")
     import collect_results  # noqa: E402
     collect_results.refresh_after(args.out)
 
