@@ -36,13 +36,13 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from jasr.audio import AudioError, to_mono
+from jasr.audio import AudioError, load_audio, to_mono
 from jasr.cmvn import CmvnStats, accumulate_cmvn, apply_cmvn
 from jasr.features import FeatureConfig, compute_features, compute_features_jax, num_frames
 
 __all__ = ["chunked_ctc_log_probs", "decode_segments", "frame_energy_db", "iter_audio_blocks",
-           "iter_chunked_log_probs", "iter_features", "join_segments", "split_on_silence", "split_points",
-           "stream_features", "task_log_probs_fn", "task_segment_decoder"]
+           "iter_chunked_log_probs", "iter_features", "join_segments", "segment_reader", "split_on_silence",
+           "split_points", "stream_energy_db", "stream_features", "task_log_probs_fn", "task_segment_decoder"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -314,6 +314,32 @@ def frame_energy_db(samples: np.ndarray, frame_samples: int) -> np.ndarray:
     sq[:x.shape[0]] = x * x
     counts = np.minimum(frame_samples, x.shape[0] - np.arange(n) * frame_samples)
     return 10.0 * np.log10(np.maximum(sq.reshape(n, frame_samples).sum(1) / np.maximum(counts, 1), 1e-10))
+
+
+def stream_energy_db(blocks: Iterable[np.ndarray], frame_samples: int) -> np.ndarray:
+    """:func:`frame_energy_db` of a waveform given as consecutive 1-D sample blocks (any sizes): the same
+    [ceil(S / frame_samples)] float64 energies, holding one block at a time plus the energies."""
+    if frame_samples < 1:
+        raise ValueError(f"frame_samples must be >= 1, got {frame_samples}")
+    out, rest = [], np.zeros(0, np.float64)
+    for b in blocks:
+        x = np.concatenate([rest, np.asarray(b, np.float64)])
+        n = x.shape[0] // frame_samples * frame_samples
+        if n:
+            out.append(frame_energy_db(x[:n], frame_samples))
+        rest = x[n:]
+    if rest.shape[0]:
+        out.append(frame_energy_db(rest, frame_samples))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def segment_reader(path: str, sample_rate: int) -> Callable[[int, int], np.ndarray]:
+    """read(start, end) -> float32 samples [start, end) of an audio file at `sample_rate` (positions at that rate;
+    each segment is read and resampled on its own, for :func:`decode_segments`)."""
+    def read(start: int, end: int) -> np.ndarray:
+        x = load_audio(path, sample_rate, offset=start / sample_rate, duration=(end - start) / sample_rate)
+        return x[:end - start]
+    return read
 
 
 def split_points(energy_db: np.ndarray, frame_samples: int, num_samples: int, *, max_samples: int,

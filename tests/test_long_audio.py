@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from jasr.audio import load_audio
 from jasr.features import FeatureConfig, compute_features, num_frames
-from jasr.long_audio import (array_blocks, chunked_ctc_log_probs, decode_segments, iter_audio_blocks,
-                             iter_chunked_log_probs, join_segments, split_on_silence, stream_features,
-                             task_log_probs_fn, task_segment_decoder)
+from jasr.long_audio import (array_blocks, chunked_ctc_log_probs, decode_segments, frame_energy_db,
+                             iter_audio_blocks, iter_chunked_log_probs, join_segments, segment_reader,
+                             split_on_silence, split_points, stream_energy_db, stream_features, task_log_probs_fn,
+                             task_segment_decoder)
 from jasr.tasks.conformer import ConformerAEDTask, ConformerCTCTask
 from jasr.tasks.wav2vec2 import Wav2Vec2CTCTask
 from models.aed import AEDConfig, AEDModel
@@ -255,6 +256,19 @@ def test_split_covers_every_sample_once(speech, n, max_s, frac):
     assert all(segs[i][1] == segs[i + 1][0] for i in range(len(segs) - 1))
     search = max(int(max_s * frac * SR), 1)
     assert all(b - a >= int(max_s * SR) - search for a, b in segs[:-1])
+
+
+def test_streamed_energy_and_segment_reader(speech):
+    """Energies of a block stream equal those of the whole waveform; segment_reader reads [start, end)."""
+    want = frame_energy_db(speech, 80)
+    for block in (1, 79, 80, 1000, len(speech)):
+        np.testing.assert_allclose(stream_energy_db(array_blocks(speech, block), 80), want, rtol=1e-12)
+    path = sorted(glob.glob(f"{DATA}/fsdd/recordings/*.wav"))[0]          # 8 kHz: no resampling
+    whole = load_audio(path, SR)
+    np.testing.assert_array_equal(segment_reader(path, SR)(100, 900), whole[100:900])
+    segs = split_points(stream_energy_db(array_blocks(speech, 333), 80), 80, len(speech), max_samples=SR,
+                        search_samples=SR // 2)
+    assert segs == split_on_silence(speech, SR, max_seconds=1.0, frame_ms=10.0)
 
 
 def test_split_cuts_in_silence(speech):
