@@ -1,12 +1,13 @@
 """Pallas kernels for the frame loops of ``dense_tot_scores``: forward or backward scores of a batch of graphs
 against dense log-probs, all frames in ONE kernel launch.
 
-One program per batch row (grid ``(B,)``) runs ``lax.fori_loop`` over the frames; the row's state vector is carried in
-registers and the per-frame shift and offsets stay in the program.  A step reads the row's arcs as slot tables
-``[S, K]`` grouped by the state they reduce into (by destination for the forward scores, by source for the backward
-scores; any arc layout: CTC/band graphs, state-labelled graphs and general graphs all become such tables, see
-`fsa_ops.dense_loops.pallas_tables`) and gathers the other end's scores from a two-slot buffer in the row's own
-(cache-resident) output memory, written once per frame behind a barrier.  Two weight modes:
+One program per batch row (grid ``(B,)``) runs ``lax.fori_loop`` over the frames; the row's state vector, running
+offset and total are the loop's carry (registers), so nothing but the score table rows leaves the program.  A step
+reads the row's arcs as slot tables ``[S, K]`` grouped by the state they reduce into (by destination for the forward
+scores, by source for the backward scores: CTC/band graphs, state-labelled graphs and general graphs all become such
+tables, `slot_tables`) and gathers the other end's scores from a two-slot row buffer that the program writes once per
+frame behind a barrier (Pallas' Triton backend gathers through memory, not registers: the buffer is a few KiB per
+row and stays in L1/L2).  Two weight modes:
 
 - ``'state'`` (state-labelled graphs): ``x`` is the state emissions ``e [B, T+1, S]`` and an arc into ``d`` weighs
   ``score + e_t[d]``;
@@ -35,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-
 from jax.experimental.pallas import triton as pl_triton   # the GPU (Triton) backend's barrier and parameters
 
 from fsa_ops.scores import NEG_INF, arc_table, is_traced, valid_arcs
