@@ -23,8 +23,9 @@ conventions as the XLA loops: ``table [B, T+1, S]`` holds ``alpha_t`` (forward) 
 ``beta_{dur+1}`` the final vector) for ``t = 0..T``, each row shifted, or with ``true_values`` the scores themselves.
 ``prune`` applies ``output_beam``'s masks (Viterbi tables ``amax``, ``bmax_next`` [B, T+1, S] and ``cut`` [B]).
 
-On GPU the kernels lower through Pallas' Triton backend (loaded tensors are powers of two: tables are padded);
-``interpret=True`` runs the same kernels on any backend (CPU tests).
+On GPU the kernels lower through Pallas' Triton backend (loaded tensors are powers of two: tables are padded),
+chosen by passing its ``CompilerParams`` explicitly (JAX 0.11 documents Mosaic GPU as Pallas' GPU default and keeps
+Triton, deprecated, behind that choice); ``interpret=True`` runs the same kernels on any backend (CPU tests).
 """
 from __future__ import annotations
 
