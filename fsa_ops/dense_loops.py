@@ -86,7 +86,7 @@ def _pallas_loop(cfg: DenseConfig, G: DenseGraph, x, dur, log_semiring, prune, t
         prune = (pad_states(amax, Sp), pad_states(bmax_next, Sp), cut)
     tot, table = pallas_frame_scores(G.slots[0 if forward else 1], x, dur, G.num_states, prune, num_frames=T,
                                      forward=forward, log_semiring=log_semiring, state_mode=cfg.labelled,
-                                     true_values=true_values, interpret=cfg.interpret)
+                                     true_values=true_values, interpret=cfg.interpret, slot_block=cfg.slots[4])
     return tot, table[:, :, :cfg.S]
 
 

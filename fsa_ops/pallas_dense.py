@@ -90,32 +90,60 @@ def _reduce(v, axis, log_semiring):
     return jnp.where(s > 0, jnp.log(jnp.where(s > 0, s, 1.0)) + m0, NEG_INF)
 
 
+# the most slots (states x degree) one gather-reduce step holds at once: a step runs over blocks of states
+SLOT_BLOCK = 1024
+
+
 def _kernel(dur_ref, ns_ref, other_ref, score_ref, label_ref, fo_ref, fs_ref, fl_ref, x_ref, amax_ref, bmax_ref,
             cut_ref, tot_ref, table_ref, buf_ref, *, T, C, forward, log_semiring, state_mode, prune, true_values,
-            barrier):
+            barrier, slot_block):
     b = pl.program_id(0)
     dur = dur_ref[b]
     ns = ns_ref[b]
     final = jnp.maximum(ns - 1, 0)
-    S = table_ref.shape[2]
+    S, K = other_ref.shape[1], other_ref.shape[2]
+    SB = max(1, min(S, slot_block // K))            # states per block (powers of two: SB divides S)
     iota = lax.broadcasted_iota(jnp.int32, (S,), 0)
     dtype = table_ref.dtype
     ninf = jnp.asarray(NEG_INF, dtype)
+    zero = jnp.asarray(0.0, dtype)
+
+    def sync():
+        if barrier:
+            pl_triton.debug_barrier()
 
     def arc_weight(label, t):
         """w_t(label) for 'arc' mode (frame min(t, T-1) of the log-probs)."""
-        tt = jnp.minimum(t, T - 1)
-        lpl = x_ref[b, tt, jnp.clip(label, 0, C - 1)]
-        return jnp.where(label >= 0, jnp.where(t < dur, lpl, ninf),
-                         jnp.where((label == -1) & (t == dur), jnp.asarray(0.0, dtype), ninf))
+        lpl = x_ref[b, jnp.minimum(t, T - 1), jnp.clip(label, 0, C - 1)]
+        return jnp.where(label >= 0, jnp.where(t < dur, lpl, ninf), jnp.where((label == -1) & (t == dur), zero, ninf))
 
-    def publish(vec, t):
-        """Writes the vector the step gathers from into the row's buffer slot t % 2; returns the slot."""
-        slot = t % 2
-        buf_ref[b, slot, :] = vec
-        if barrier:
-            pl_triton.debug_barrier()
-        return slot
+    def gather_reduce(src, t):
+        """(+)_k over each state's slots of buf[src][other] + w (pruned) -> buf slot 1 (all states, block by block);
+        returns the vector read back."""
+        buf_ref[b, 0, :] = src
+        sync()
+
+        def block(c, _):
+            rows = pl.ds(c * SB, SB)
+            other = other_ref[b, rows, :]
+            w = score_ref[b, rows, :]
+            if not state_mode:
+                w = w + arc_weight(label_ref[b, rows, :], t)
+            v = buf_ref[b, 0, other] + w
+            if prune:
+                if forward:      # slot arc: other -> row state, entered on frame t
+                    after = bmax_ref[b, t, rows] + x_ref[b, t, rows] if state_mode else bmax_ref[b, t, rows]
+                    fb = amax_ref[b, t, other] + w + after[:, None]
+                else:            # slot arc: row state -> other
+                    after = bmax_ref[b, t, other] + x_ref[b, t, other] if state_mode else bmax_ref[b, t, other]
+                    fb = amax_ref[b, t, rows][:, None] + w + after
+                v = jnp.where(fb > cut_ref[b], v, ninf)
+            buf_ref[b, 1, rows] = _reduce(v, 1, log_semiring)
+            return 0
+
+        lax.fori_loop(0, S // SB, block, 0)
+        sync()
+        return buf_ref[b, 1, :]
 
     def shift(new):
         m = jnp.max(new)
@@ -126,35 +154,28 @@ def _kernel(dur_ref, ns_ref, other_ref, score_ref, label_ref, fo_ref, fs_ref, fl
         def body(t, carry):
             alpha, cum, tot = carry
             table_ref[b, t, :] = alpha + cum if true_values else alpha
-            slot = publish(alpha, t)
-            other = other_ref[b]
-            w = score_ref[b]
+            new = gather_reduce(alpha, t)
+            # arcs into the final state: their own slot list (buf slot 0 still holds alpha)
             fo = fo_ref[b]
             wf = fs_ref[b]
             if not state_mode:
-                w = w + arc_weight(label_ref[b], t)
                 wf = wf + arc_weight(fl_ref[b], t)
-            v = buf_ref[b, slot, other] + w
-            vf = buf_ref[b, slot, fo] + wf
-            if state_mode:
-                e_t = x_ref[b, t, :]
+            vf = buf_ref[b, 0, fo] + wf
             if prune:
-                cut = cut_ref[b]
-                after = bmax_ref[b, t, :] + e_t if state_mode else bmax_ref[b, t, :]
+                after = bmax_ref[b, t, :] + x_ref[b, t, :] if state_mode else bmax_ref[b, t, :]
                 after_fin = jnp.max(jnp.where(iota == final, after, ninf))
-                v = jnp.where(amax_ref[b, t, other] + w + after[:, None] > cut, v, ninf)
-                vf = jnp.where(amax_ref[b, t, fo] + wf + after_fin > cut, vf, ninf)
-            new = jnp.where(iota == final, _reduce(vf, 0, log_semiring), _reduce(v, 1, log_semiring))
+                vf = jnp.where(amax_ref[b, t, fo] + wf + after_fin > cut_ref[b], vf, ninf)
+            new = jnp.where(iota == final, _reduce(vf, 0, log_semiring), new)
             if state_mode:
-                new = new + e_t
+                new = new + x_ref[b, t, :]
             fin = jnp.max(jnp.where(iota == final, new, ninf))
             tot = jnp.where((t == dur) & (ns > 0), cum + fin, tot)
             new, off = shift(new)
+            sync()                      # every read of buf slot 0 is done before the next frame writes it
             return new, cum + off, tot
 
         start = jnp.where((iota == 0) & (ns > 0), 0.0, NEG_INF).astype(dtype)
-        init = (start, jnp.asarray(0.0, dtype), ninf)
-        _, _, tot = lax.fori_loop(0, T + 1, body, init)
+        _, _, tot = lax.fori_loop(0, T + 1, body, (start, zero, ninf))
         tot_ref[b] = tot
     else:
         fvec = jnp.where(iota == ns - 1, 0.0, NEG_INF).astype(dtype)
@@ -164,38 +185,27 @@ def _kernel(dur_ref, ns_ref, other_ref, score_ref, label_ref, fo_ref, fs_ref, fl
             t = T - i
             at_end = t == dur
             beta_next = jnp.where(at_end, fvec, beta)
-            cum = jnp.where(at_end, jnp.asarray(0.0, dtype), cum)
+            cum = jnp.where(at_end, zero, cum)
             table_ref[b, t, :] = beta_next + cum if true_values else beta_next
-            other = other_ref[b]
-            w = score_ref[b]
-            if state_mode:
-                slot = publish(x_ref[b, t, :] + beta_next, t)
-            else:
-                slot = publish(beta_next, t)
-                w = w + arc_weight(label_ref[b], t)
-            v = w + buf_ref[b, slot, other]
-            if prune:
-                after = bmax_ref[b, t, other]
-                if state_mode:
-                    after = after + x_ref[b, t, other]
-                v = jnp.where(amax_ref[b, t, :][:, None] + w + after > cut_ref[b], v, ninf)
-            new, off = shift(_reduce(v, 1, log_semiring))
+            src = x_ref[b, t, :] + beta_next if state_mode else beta_next
+            new, off = shift(gather_reduce(src, t))
             return new, cum + off
 
-        init = (jnp.full((S,), NEG_INF, dtype), jnp.asarray(0.0, dtype))
-        lax.fori_loop(0, T + 1, body, init)
-        tot_ref[b] = jnp.asarray(0.0, dtype)
+        lax.fori_loop(0, T + 1, body, (jnp.full((S,), NEG_INF, dtype), zero))
+        tot_ref[b] = zero
 
 
 @functools.partial(jax.jit, static_argnames=("num_frames", "forward", "log_semiring", "state_mode", "true_values",
-                                             "interpret"))
+                                             "interpret", "slot_block"))
 def pallas_frame_scores(tables: SlotTables, x, dur, num_states, prune=None, *, num_frames: int, forward: bool,
-                        log_semiring: bool, state_mode: bool, true_values: bool = False, interpret: bool = False):
+                        log_semiring: bool, state_mode: bool, true_values: bool = False, interpret: bool = False,
+                        slot_block: int = SLOT_BLOCK):
     """Forward or backward scores of every frame in one Pallas launch (see the module docstring).
 
     tables: `SlotTables` (states padded to a power of two Sp); x: state emissions [B, T+1, Sp] ('state' mode) or
     log-probs [B, T, C] ('arc' mode); dur, num_states int32 [B]; prune: None or (amax, bmax_next [B, T+1, Sp], cut
-    [B]).  Returns (tot [B] -- the forward total, 0 for the backward direction --, table [B, T+1, Sp])."""
+    [B]); slot_block: the most slots a step reduces at once (a power of two; blocks of states loop).  Returns
+    (tot [B] -- the forward total, 0 for the backward direction --, table [B, T+1, Sp])."""
     B, Sp, _ = tables.other.shape
     T = int(num_frames)
     dtype = tables.score.dtype
@@ -206,11 +216,11 @@ def pallas_frame_scores(tables: SlotTables, x, dur, num_states, prune=None, *, n
     else:
         amax, bmax, cut = (jnp.asarray(p, dtype) for p in prune)
     kernel = functools.partial(_kernel, T=T, C=C, forward=forward, log_semiring=log_semiring, state_mode=state_mode,
-                               prune=prune is not None, true_values=true_values, barrier=not interpret)
+                               prune=prune is not None, true_values=true_values, barrier=not interpret,
+                               slot_block=next_pow2(slot_block))
     params = {}
     if not interpret:
-        params["compiler_params"] = pl_triton.CompilerParams(num_warps=4 if Sp * tables.other.shape[2] <= 4096 else 8,
-                                                             num_stages=1)
+        params["compiler_params"] = pl_triton.CompilerParams(num_warps=4, num_stages=1)
     tot, table, _ = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((B,), dtype), jax.ShapeDtypeStruct((B, T + 1, Sp), dtype),
@@ -225,9 +235,10 @@ def pallas_frame_scores(tables: SlotTables, x, dur, num_states, prune=None, *, n
 
 
 def slot_sizes(arcs, S: int):
-    """Host-side: (Sp, Kin, Kout, F), the padded sizes of a batch's slot tables: states, the largest in-degree
-    over arcs not into the final state, the largest out-degree, the most arcs into the final state (each a power
-    of two).  None when the structure is traced (the Pallas path needs it on the host)."""
+    """Host-side: (Sp, Kin, Kout, F, block), the padded sizes of a batch's slot tables -- states, the largest
+    in-degree over arcs not into the final state, the largest out-degree, the most arcs into the final state (each a
+    power of two) -- and the kernels' `SLOT_BLOCK`.  None when the structure is traced (the Pallas path needs it on
+    the host)."""
     if is_traced(arcs.src, arcs.dst, arcs.num_arcs, arcs.num_states):
         return None
     src, dst = np.asarray(arcs.src), np.asarray(arcs.dst)
@@ -243,7 +254,7 @@ def slot_sizes(arcs, S: int):
 
     fin = int(np.bincount(rows[valid & into_final], minlength=1).max(initial=0))
     return (next_pow2(S), next_pow2(degree(dst, valid & ~into_final)), next_pow2(degree(src, valid)),
-            next_pow2(fin))
+            next_pow2(fin), SLOT_BLOCK)
 
 
 def _gather(table, values, fill):
@@ -257,7 +268,7 @@ def slot_tables(arcs, sizes, dtype):
     """(forward, backward) `SlotTables` of a batch of graphs (jnp; `sizes` from `slot_sizes`).  Forward slots are
     grouped by destination without the arcs into the final state, which form the final slot list; backward slots
     are grouped by source."""
-    Sp, Kin, Kout, F = sizes
+    Sp, Kin, Kout, F = sizes[:4]
     B = arcs.src.shape[0]
     valid = jnp.asarray(valid_arcs(arcs))
     src, dst = jnp.asarray(arcs.src, jnp.int32), jnp.asarray(arcs.dst, jnp.int32)

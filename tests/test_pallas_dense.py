@@ -118,13 +118,15 @@ def _configs(kind, lp):
     cfg, arcs, lpp, dur = prepare_dense(GRAPHS[kind], DenseFsaVec(jnp.asarray(lp), SEGS), None, math.inf, False)
     cfg = cfg._replace(labelled=kind == "labelled")
     assert is_state_labelled(arcs, cfg.S) == (kind == "labelled")
-    return cfg, cfg._replace(slots=slot_sizes(arcs, cfg.S), interpret=True), arcs, lpp, dur
+    # blocks of one state per gather-reduce step (the default holds these graphs in one block)
+    sizes = slot_sizes(arcs, cfg.S)[:4] + (2,)
+    return cfg, cfg._replace(slots=sizes, interpret=True), arcs, lpp, dur
 
 
 @pytest.mark.parametrize("kind", ["labelled", "general"])
 def test_pallas_tropical_and_true_value_tables_equal_xla(kind):
     """The score tables themselves, both directions, max semiring, true values (the Viterbi tables of
-    output_beam); the best total equals the best enumerated path."""
+    output_beam), the kernels looping over blocks of states; the best total equals the best enumerated path."""
     lp = _log_probs(3)
     xla_cfg, pallas_cfg, arcs, lpp, dur = _configs(kind, lp)
 
@@ -148,7 +150,7 @@ def test_pallas_tropical_and_true_value_tables_equal_xla(kind):
 def test_slot_sizes_pad_to_powers_of_two_and_keep_final_arcs_apart():
     cfg, arcs, _, _ = prepare_dense(GRAPHS["general"], DenseFsaVec(jnp.asarray(_log_probs()), SEGS), None,
                                     math.inf, False)
-    Sp, Kin, Kout, F = slot_sizes(arcs, cfg.S)
+    Sp, Kin, Kout, F, _ = slot_sizes(arcs, cfg.S)
     assert Sp == next_pow2(cfg.S) and all(k == next_pow2(k) for k in (Kin, Kout, F))
     src, dst, valid = np.asarray(arcs.src), np.asarray(arcs.dst), np.arange(arcs.src.shape[1]) < arcs.num_arcs[:, None]
     into_final = dst == (np.asarray(arcs.num_states)[:, None] - 1)
