@@ -357,7 +357,9 @@ def run_cpu(args):
         ref = "optax.ctc_loss" if optax is not None else None
         lines += [f"## B={B}, T={T}, C={C}, N={N}", ""]
         lines += table(shape, times, comp, [n for n, _ in ctc_rows] + [n for n, _ in den_rows], names, ref)
-        lines.append("")
+        lines += ["", "Sum of the losses (the same numbers from every CTC row): " + "; ".join(
+            f"{iname}: " + " / ".join(f"{float(fn(x)[0]):.6g}" for rname, fn in ctc_rows if "beam=10" not in rname)
+            for iname, x in inputs.items()) + " (graph exact / dedicated" + (" / optax)" if ref else ")"), ""]
         g, dedicated = ctc_rows[0][0], ctc_rows[2][0]
         parts = []
         if ref:
