@@ -16,22 +16,40 @@ alignment (all of them in OUTPUT.errors.txt), the real-time factor and throughpu
 Methods (--method): greedy (best path; AED and Whisper runs decode with their own decoders, Whisper long-form
 over the whole file); beam (CTC prefix beam search; with --lm a word n-gram LM is fused, the LM's words spelling
 the words it scores; for AED and Whisper runs the attention decoder's beam search with --length-penalty, AED joint
-runs with --ctc-weight CTC prefix scoring, Whisper over the first 30 s window); lexicon (the CTC beam search
-constrained to the words of --lexicon, with --lm or --grammar fused); graph (HLG decoding of --lexicon and
---grammar). lexicon and graph need a CTC model (conformer_ctc, wav2vec2_ctc). A hypothesis never depends on the
-reference: a file decodes to the same text with or without a transcript. A file that cannot be read is reported
-(a "failed:" line, a result with an "error" field) and counts in WER/CER as all deletions; the others are decoded.
+runs with --ctc-weight CTC prefix scoring, Whisper long-form with beam search in every 30 s window and the n-best
+of a file that fits one window); lexicon (the CTC beam search constrained to the words of --lexicon, with --lm or
+--grammar fused); graph (HLG of --lexicon and --grammar searched by intersect_dense_pruned with graph scale
+--lm-weight, then --graph-decoding, icefall's methods: one_best, the lattice's best path; nbest, --num-paths paths
+sampled from the lattice (scores scaled by --nbest-scale), the best distinct word sequence; nbest_rescoring, those
+paths rescored by --rescore-lm (default: the grammar) at each of --lm-scales; whole_lattice_rescoring, the lattice
+intersected with --rescore-lm's G, best path at each of --lm-scales; attention_rescoring, the n-best rescored by
+the attention decoder of an AED joint run, at each pair of --lm-scales and --attention-scales). With several
+scales the first (pair) gives the transcript; every scale's text is in the JSONL ("rescored") and its WER is
+printed. lexicon and graph need a CTC head (conformer_ctc, wav2vec2_ctc, conformer_aed trained with loss.type
+'joint'). A hypothesis never depends on the reference: a file decodes to the same text with or without a
+transcript. A file that cannot be read is reported (a "failed:" line, a result with an "error" field) and counts
+in WER/CER as all deletions (a manifest's transcript is its reference); the others are decoded.
 
-Outputs (--format, or the extension of --output): jsonl (id, ref, hyp, tokens, score, n-best, word timestamps
-where the method gives them, error), txt (id<TAB>text), srt / vtt (subtitles: one file, or a folder with one
-file per input), ctm (word times; CTC models).
+Outputs (--format, or the extension of --output), in input order (a manifest's order, unreadable entries
+included): jsonl (id, ref, hyp, tokens, score, n-best with scores, rescored texts per scale, word timestamps where
+the method gives them, error), txt (id<TAB>text), srt / vtt (subtitles: one file, or a folder with one file per
+input), ctm (word times; CTC models).
 """
 import argparse
 import os
 import sys
 
 SETTINGS = ("method", "beam", "nbest", "lm", "lm_weight", "word_bonus", "lexicon", "grammar", "hotword_boost",
-            "token_min_logp", "length_penalty", "ctc_weight")
+            "token_min_logp", "length_penalty", "ctc_weight", "graph_decoding", "num_paths", "nbest_scale",
+            "rescore_lm", "lm_scales", "attention_scales")
+GRAPH_METHODS = ("one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring", "attention_rescoring")
+
+
+def _scales(text):
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,6 +87,18 @@ def _parser():
     s.add_argument("--length-penalty", type=float, help="attention beam search (AED, Whisper): length normalisation "
                                                         "exponent")
     s.add_argument("--ctc-weight", type=float, help="AED beam search: weight of the CTC prefix score (joint runs)")
+    s.add_argument("--graph-decoding", choices=GRAPH_METHODS,
+                   help="--method graph: what follows the lattice search (default one_best)")
+    s.add_argument("--num-paths", type=int, help="graph n-best methods: paths sampled per lattice (default 100)")
+    s.add_argument("--nbest-scale", type=float, help="graph n-best methods: lattice score scale for the sampling "
+                                                     "(default 0.5; smaller gives more distinct paths)")
+    s.add_argument("--rescore-lm", metavar="FILE.arpa", help="graph nbest/whole-lattice rescoring: the (larger) "
+                                                             "word LM (default: --grammar)")
+    s.add_argument("--lm-scales", type=_scales, metavar="S[,S...]",
+                   help="graph rescoring: LM scales to rescore at, the first gives the transcript "
+                        "(default: --lm-weight)")
+    s.add_argument("--attention-scales", type=_scales, metavar="S[,S...]",
+                   help="graph attention_rescoring: attention-decoder scales (default 1.0)")
     o = p.add_argument_group("output")
     o.add_argument("--output", help="where to write the results (default WORKDIR/decode_<name>.jsonl, with "
                                     "--hf-model ./decode_<name>.jsonl)")
@@ -148,6 +178,8 @@ def main(argv):
         line += f"; {len(failed)} files could not be read (all deletions in WER/CER; listed above, with an " \
                 f"\"error\" field in the results)"
     print(line, flush=True)
+    for key, wer in m.get("wer_by_key", {}).items():
+        print(f"[decode]   {key}: WER {100 * wer:.2f}%")
     if m["audio_s"]:
         print(f"[decode] {m['audio_s']:.0f} s of audio in {m['seconds']:.1f} s: RTF {m['rtf']:.3f}, "
               f"{m['audio_s'] / max(m['seconds'], 1e-9):.1f} audio s/s, "

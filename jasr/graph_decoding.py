@@ -37,9 +37,9 @@ from fsa_ops import (DenseFsaVec, Fsa, Nbest, Ragged, arc_sort, connect, create_
 from jasr.hlg import DecodingGraph, grammar_fsa
 from jasr.ngram import NgramLM
 
-__all__ = ["GraphHypothesis", "get_lattice", "one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring",
-           "attention_rescoring", "lattice_lengths", "compact_lattice", "frame_shortest_path",
-           "canonical_tokens"]
+__all__ = ["GraphHypothesis", "empty_hypothesis", "get_lattice", "one_best", "nbest", "nbest_rescoring",
+           "whole_lattice_rescoring", "attention_rescoring", "lattice_lengths", "compact_lattice",
+           "frame_shortest_path", "canonical_tokens"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,8 @@ class GraphHypothesis:
         return " ".join(self.words)
 
 
-def _empty_hyp() -> GraphHypothesis:
+def empty_hypothesis() -> GraphHypothesis:
+    """No words, scores -inf (no path survived)."""
     return GraphHypothesis((), (), (), (), -math.inf, -math.inf, -math.inf)
 
 
@@ -172,7 +173,7 @@ def _hyps_from_paths(paths: Fsa, lang, lm_scale: float = 1.0) -> List[GraphHypot
     for b in range(label.shape[0]):
         n = int(na[b])
         if ns[b] == 0:
-            out.append(_empty_hyp())
+            out.append(empty_hypothesis())
             continue
         fr = np.where(label[b, :n] >= 0, frame[b, :n], -1)
         out.append(_hypothesis(lang, spell, rows[b][:n], label[b, :n], tok[b, :n], fr, score[b, :n] - lm[b, :n],
@@ -314,13 +315,14 @@ def _by_utt(nb: Nbest) -> List[List[int]]:
 
 def nbest(graph: DecodingGraph, log_probs, paddings, key, *, num_paths: int = 100, nbest_scale: float = 0.5,
           search_beam: float = 20.0, output_beam: float = 8.0, min_active_states: int = 30,
-          max_active_states: int = 10000) -> List[List[GraphHypothesis]]:
+          max_active_states: int = 10000, lm_scale: float = 1.0) -> List[List[GraphHypothesis]]:
     """n-best lists: `num_paths` paths sampled per lattice (`key`: a PRNG key), one per distinct word sequence
-    (its best lattice path), sorted by total score (best first; icefall's nbest_decoding keeps the first)."""
+    (its best lattice path), sorted by total score (best first; icefall's nbest_decoding keeps the first).
+    `lm_scale` scales the graph's scores in the search (as `one_best`'s)."""
     search = dict(search_beam=search_beam, output_beam=output_beam, min_active_states=min_active_states,
-                  max_active_states=max_active_states)
+                  max_active_states=max_active_states, lm_scale=lm_scale)
     _, nb = _nbest_paths(graph, log_probs, paddings, key, num_paths, nbest_scale, search)
-    hyps = _hyps_from_paths(nb.fsa, graph.lang)
+    hyps = _hyps_from_paths(nb.fsa, graph.lang, lm_scale)
     out = []
     for idx in _by_utt(nb):
         hs = [hyps[i] for i in idx if hyps[i].total_score > -math.inf]
@@ -336,24 +338,30 @@ def _scales(scales, name) -> list:
 
 
 def _best(hyps: Sequence[GraphHypothesis]) -> GraphHypothesis:
-    return max(hyps, key=lambda h: h.total_score) if hyps else _empty_hyp()
+    return max(hyps, key=lambda h: h.total_score) if hyps else empty_hypothesis()
+
+
+def _ranked(hyps: Sequence[GraphHypothesis]) -> List[GraphHypothesis]:
+    return sorted(hyps, key=lambda h: -h.total_score)
 
 
 def nbest_rescoring(graph: DecodingGraph, log_probs, paddings, lm: NgramLM, key, *,
                     lm_scales: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.3, 1.5, 2.0),
                     num_paths: int = 100, nbest_scale: float = 0.5, search_beam: float = 20.0,
                     output_beam: float = 8.0, min_active_states: int = 30,
-                    max_active_states: int = 10000) -> dict:
+                    max_active_states: int = 10000, lm_scale: float = 1.0, keep_all: bool = False) -> dict:
     """icefall's rescore_with_n_best_list with an NgramLM: each n-best path's words (words.txt strings; words
     outside the LM score as its <unk>) get ``lm.score_sentence`` (with <s> / </s>), which replaces the graph's
-    score; returns {"lm_scale_S": [best hypothesis per utterance]} ranked by am + S * lm."""
+    score; returns {"lm_scale_S": [best hypothesis per utterance]} ranked by am + S * lm (`keep_all`: every
+    n-best hypothesis per utterance, best first). `lm_scale` scales the graph in the search that makes the
+    lattice (as `one_best`'s)."""
     if not isinstance(lm, NgramLM):
         raise TypeError(f"lm: expected a jasr.ngram.NgramLM, got {type(lm).__name__}")
     scales = _scales(lm_scales, "lm_scales")
     search = dict(search_beam=search_beam, output_beam=output_beam, min_active_states=min_active_states,
-                  max_active_states=max_active_states)
+                  max_active_states=max_active_states, lm_scale=lm_scale)
     _, nb = _nbest_paths(graph, log_probs, paddings, key, num_paths, nbest_scale, search)
-    hyps = _hyps_from_paths(nb.fsa, graph.lang)
+    hyps = _hyps_from_paths(nb.fsa, graph.lang, lm_scale)
     lm_scores = [lm.score_sentence(list(h.words)) if h.am_score > -math.inf else -math.inf for h in hyps]
     out = {}
     for s in scales:
@@ -361,7 +369,7 @@ def nbest_rescoring(graph: DecodingGraph, log_probs, paddings, lm: NgramLM, key,
         for idx in _by_utt(nb):
             cand = [dataclasses.replace(hyps[i], lm_score=lm_scores[i], total_score=hyps[i].am_score
                                         + s * lm_scores[i]) for i in idx if hyps[i].am_score > -math.inf]
-            res.append(_best(cand))
+            res.append(_ranked(cand) if keep_all else _best(cand))
         out[f"lm_scale_{s}"] = res
     return out
 
@@ -417,16 +425,18 @@ def _rescoring_grammar(graph: DecodingGraph, lm) -> Fsa:
 def whole_lattice_rescoring(graph: DecodingGraph, log_probs, paddings, lm, *,
                             lm_scales: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.3, 1.5, 2.0),
                             search_beam: float = 20.0, output_beam: float = 8.0, min_active_states: int = 30,
-                            max_active_states: int = 10000) -> dict:
+                            max_active_states: int = 10000, lm_scale: float = 1.0) -> dict:
     """icefall's rescore_with_whole_lattice: each lattice's acoustic scores (graph scores removed) intersected with
     the G of `lm` (an NgramLM, or anything `jasr.hlg.grammar_fsa` takes, e.g. an Fsa) on the host, the best path per
     lm_scale by am + lm_scale * lm. Returns {"lm_scale_S": [hypothesis per utterance]}; an utterance whose
-    lattice has no word sequence G accepts gets an empty hypothesis (scores -inf)."""
+    lattice has no word sequence G accepts gets an empty hypothesis (scores -inf). `lm_scale` scales the graph
+    in the search that makes the lattice (as `one_best`'s)."""
     graph = _check_graph(graph)
     scales = _scales(lm_scales, "lm_scales")
     G = _rescoring_grammar(graph, lm)
     lat = compact_lattice(get_lattice(graph, log_probs, paddings, search_beam=search_beam, output_beam=output_beam,
-                                      min_active_states=min_active_states, max_active_states=max_active_states))
+                                      min_active_states=min_active_states, max_active_states=max_active_states,
+                                      lm_scale=lm_scale))
     res = []
     for b in range(len(lat)):
         one = lat[b]
@@ -441,7 +451,7 @@ def whole_lattice_rescoring(graph: DecodingGraph, log_probs, paddings, lm, *,
                 for r in res if r is not None]
         found = iter(_rescored_hyps(graph.lang, shortest_path(create_fsa_vec(live), use_double_scores=False), s)
                      if live else [])
-        out[f"lm_scale_{s}"] = [_empty_hyp() if r is None else next(found) for r in res]
+        out[f"lm_scale_{s}"] = [empty_hypothesis() if r is None else next(found) for r in res]
     return out
 
 
@@ -454,7 +464,7 @@ def _rescored_hyps(lang, best: Fsa, scale: float) -> List[GraphHypothesis]:
     spell, out = _spellings(lang), []
     for j in range(label.shape[0]):
         if ns[j] == 0:
-            out.append(_empty_hyp())
+            out.append(empty_hypothesis())
             continue
         n = int(na[j])
         flab = at["flab1"][j, :n] - 1
@@ -484,20 +494,23 @@ def attention_rescoring(graph: DecodingGraph, log_probs, paddings, score_fn: Cal
                         attention_scales: Sequence[float] = (0.01, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.5, 2.0),
                         search_beam: float = 20.0, output_beam: float = 8.0, min_active_states: int = 30,
                         max_active_states: int = 10000,
-                        token_seq_fn: Optional[Callable[[GraphHypothesis], Sequence[int]]] = None) -> dict:
+                        token_seq_fn: Optional[Callable[[GraphHypothesis], Sequence[int]]] = None,
+                        lm_scale: float = 1.0, keep_all: bool = False) -> dict:
     """icefall's rescore_with_attention_decoder: n-best paths (as `nbest`), each path's token sequence scored by
     ``score_fn(token_seqs: list[list[int]], utt: int32 [N]) -> [N]`` log-probs (e.g. an AED decoder on utterance
     utt's encoder output); the best per (a, b) by am + a * graph lm + b * attention. Returns
     {"ngram_lm_scale_A_attention_scale_B": [hypothesis per utterance]}. The token sequence of a hypothesis is
     ``token_seq_fn(hyp)`` (e.g. ``lambda h: tokenizer.encode(h.text)``), by default its emitted tokens with runs of
-    word-boundary tokens made one and those at both ends dropped (a character model's transcript spelling)."""
+    word-boundary tokens made one and those at both ends dropped (a character model's transcript spelling).
+    `lm_scale` scales the graph in the search that makes the lattice; `keep_all`: every n-best hypothesis per
+    utterance, best first."""
     if not callable(score_fn):
         raise TypeError(f"score_fn: expected a callable (token_seqs, utt) -> scores, got {type(score_fn).__name__}")
     lm_s, att_s = _scales(ngram_lm_scales, "ngram_lm_scales"), _scales(attention_scales, "attention_scales")
     search = dict(search_beam=search_beam, output_beam=output_beam, min_active_states=min_active_states,
-                  max_active_states=max_active_states)
+                  max_active_states=max_active_states, lm_scale=lm_scale)
     _, nb = _nbest_paths(graph, log_probs, paddings, key, num_paths, nbest_scale, search)
-    hyps = _hyps_from_paths(nb.fsa, graph.lang)
+    hyps = _hyps_from_paths(nb.fsa, graph.lang, lm_scale)
     utt = nb.shape.row_ids(1)
     bound = set(graph.lang.boundary_ids)
     seq_of = token_seq_fn or (lambda h: canonical_tokens(h.tokens, bound))
@@ -514,6 +527,6 @@ def attention_rescoring(graph: DecodingGraph, log_probs, paddings, score_fn: Cal
                 cand = [dataclasses.replace(hyps[i], attention_score=float(att[i]),
                                             total_score=hyps[i].am_score + a * hyps[i].lm_score + b * float(att[i]))
                         for i in idx if hyps[i].am_score > -math.inf]
-                res.append(_best(cand))
+                res.append(_ranked(cand) if keep_all else _best(cand))
             out[f"ngram_lm_scale_{a}_attention_scale_{b}"] = res
     return out

@@ -14,13 +14,14 @@ Writers and the error report: :mod:`jasr.outputs`.
 """
 from __future__ import annotations
 
-import inspect
+import functools
+import json
 import os
+import tempfile
 import time
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
@@ -39,7 +40,8 @@ from jasr.tasks.base import SearchOptions
 from jasr.training import RunInfo, decode_function, score_results
 
 # the pipeline's own names, then those of the modules split from it (decode.py and bench/ use them from here)
-__all__ = ["collect_utterances", "ctc_log_probs", "has_ctc_head", "transcribe",
+__all__ = ["attention_scorer", "collect_utterances", "decode_mode", "input_order", "manifest_entries",
+           "search_options", "transcribe", "whisper_beam_function",
            "FORMATS", "HFCTCTokenizer", "Searcher", "alignment", "error_report", "format_from_path", "load_hf_model",
            "make_searcher", "settings_from_config", "write_results"]
 
@@ -47,11 +49,32 @@ __all__ = ["collect_utterances", "ctc_log_probs", "has_ctc_head", "transcribe",
 # ------------------------------------------------------------------------------------------------------------
 # inputs
 
+def manifest_entries(path: str) -> list[tuple[str, str]]:
+    """(id, transcript) of every entry of a JSONL manifest in its order, as jasr.manifests.read_manifest reads them,
+    without reading any audio header (a copy whose entries without a duration get a placeholder one is read)."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    rows = []
+    for line in lines:
+        d = json.loads(line)
+        if isinstance(d, dict) and d.get("duration") is None:
+            d["duration"] = 1.0 + float(d.get("offset") or 0.0)
+        rows.append(json.dumps(d))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "manifest.jsonl")
+        with open(copy, "w", encoding="utf-8") as f:
+            f.write("".join(r + "\n" for r in rows))
+        utts = read_manifest(copy, check_audio=False, allow_empty_text=True)
+    return [(u.id, u.text) for u in utts]
+
+
 def collect_utterances(cfg: ml_collections.ConfigDict, root: str, *, split: str | None = None,
                        manifest: str | None = None, paths: tuple = ()) -> tuple[str, list[Utterance], list[dict]]:
     """(name, utterances, unreadable records {"id", "audio", "reason"}) of a run's split, a JSONL manifest, or
     audio files and folders (a folder's transcripts from <stem>.txt / *.trans.txt where every file has one).
-    Utterances without a transcript carry jasr.run_data's placeholder."""
+    Utterances without a transcript carry jasr.run_data's placeholder. A manifest's or a file list's unreadable
+    records also carry ``position`` (their place among all the inputs) and, from a manifest, ``text``: the
+    results of :func:`transcribe` then come back in input order, the unreadable ones scored as all deletions."""
     bad: list[dict] = []
     if split:
         return split, split_utterances(cfg, split, root, bad=bad), bad
@@ -59,6 +82,12 @@ def collect_utterances(cfg: ml_collections.ConfigDict, root: str, *, split: str 
         if not os.path.exists(manifest):
             raise FileNotFoundError(f"--manifest: {manifest} does not exist")
         utts = read_manifest(manifest, allow_empty_text=True, bad=bad)
+        if bad:
+            entries = manifest_entries(manifest)
+            where = {uid: (i, text) for i, (uid, text) in enumerate(entries)}
+            for r in bad:
+                if r["id"] in where:
+                    r["position"], r["text"] = where[r["id"]]
         return os.path.splitext(os.path.basename(manifest))[0], with_placeholder_transcripts(utts), bad
     utts: list[Utterance] = []
     for p in paths:
@@ -78,29 +107,20 @@ def collect_utterances(cfg: ml_collections.ConfigDict, root: str, *, split: str 
             try:
                 info = audio_info(f)
             except AudioError as e:
-                bad.append({"id": uid, "audio": os.path.abspath(f), "reason": str(e)})
+                bad.append({"id": uid, "audio": os.path.abspath(f), "reason": str(e), "position": len(utts) + len(bad)})
                 continue
             utts.append(Utterance(id=uid, audio_path=os.path.abspath(f), text="", duration=info.duration,
                                   sample_rate=info.sample_rate))
     return "files", with_placeholder_transcripts(utts), bad
 
 
-
-def ctc_log_probs(task, state, batch: dict) -> tuple[jax.Array, jax.Array] | None:
-    """(log_probs [B, T', V] float32, paddings [B, T']) of a CTC task's head, from the audio keys of `batch`; None
-    for a family without a CTC head (``ctc_logits``)."""
-    fn = getattr(task, "ctc_logits", None)
-    if fn is None:
-        return None
-    if "model_state" in inspect.signature(fn).parameters:
-        (logits, pads), _ = fn(state.params, state.model_state, batch)
-    else:
-        logits, pads = fn(state.params, batch)
-    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), pads
-
-
-def has_ctc_head(task) -> bool:
-    return hasattr(task, "ctc_logits")
+def input_order(utts: list[Utterance], bad: list[dict]) -> list[str]:
+    """The ids of `utts` and `bad` in input order: records with a ``position`` at that place, the others last."""
+    order = [u.id for u in utts]
+    placed = sorted((r for r in bad if "position" in r), key=lambda r: r["position"])
+    for r in placed:
+        order.insert(min(int(r["position"]), len(order)), r["id"])
+    return order + [r["id"] for r in bad if "position" not in r]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -137,19 +157,60 @@ def _attention_row(out: dict, r: int) -> dict:
     return {"tokens": hyps[0][0] if hyps else [], "score": hyps[0][1] if hyps else float("-inf"), "nbest": hyps}
 
 
-def _graph_rows(search: Callable, lp: np.ndarray, pads: np.ndarray) -> list[dict]:
+def _bucket(n: int, least: int) -> int:
+    return max(least, 1 << max(n - 1, 0).bit_length())
+
+
+def attention_scorer(task: Task, state, audio: dict) -> Callable:
+    """``score_fn(token_seqs, utt) -> [N]`` for jasr.graph_decoding.attention_rescoring: the task's attention
+    decoder (:meth:`Task.sequence_log_probs`) on row ``utt`` of `audio`, in padded shapes (powers of two) so that
+    few programs compile."""
+    fn = _sequence_scores(task)
+
+    def score(seqs, utt):
+        n, width = _bucket(len(seqs), 8), _bucket(max([len(q) for q in seqs] + [1]), 8)
+        toks = np.zeros((n, width), np.int32)
+        pads = np.ones((n, width), np.float32)
+        for i, q in enumerate(seqs):
+            toks[i, :len(q)], pads[i, :len(q)] = q, 0.0
+        rows = np.zeros(n, np.int32)
+        rows[:len(seqs)] = np.asarray(utt, np.int32)
+        return np.asarray(fn(state.params, state.model_state, audio, toks, pads, rows))[:len(seqs)]
+    return score
+
+
+@functools.lru_cache(maxsize=8)
+def _sequence_scores(task: Task) -> Callable:
+    return jax.jit(task.sequence_log_probs)
+
+
+def _graph_rows(searcher: Searcher, lp: np.ndarray, pads: np.ndarray, score_fn=None) -> list[dict]:
     """Graph hypotheses of the rows with frames (the loader's padding rows have none)."""
     frames = np.sum(pads < 0.5, axis=1)
     live = np.nonzero(frames > 0)[0]
-    hyps = dict(zip(live.tolist(), search(lp[live], pads[live]))) if len(live) else {}
+    if score_fn is not None:
+        live_fn = lambda seqs, utt: score_fn(seqs, live[np.asarray(utt, np.int64)])  # noqa: E731
+    else:
+        live_fn = None
+    found = dict(zip(live.tolist(), searcher.search(lp[live], pads[live], live_fn))) if len(live) else {}
     rows = []
     for r in range(lp.shape[0]):
-        h = hyps.get(r)
-        rows.append({"tokens": [], "text": "", "score": float("-inf"), "nbest": [], "word_frames": [],
-                     "num_frames": 0} if h is None else
-                    {"tokens": list(h.tokens), "text": h.text, "score": float(h.total_score), "nbest": [],
-                     "word_frames": [(w, int(a), int(b)) for w, (a, b) in zip(h.words, h.word_frames)],
-                     "num_frames": int(frames[r])})
+        g = found.get(r)
+        if g is None:
+            rows.append({"tokens": [], "text": "", "score": float("-inf"), "nbest": [], "word_frames": [],
+                         "num_frames": 0})
+            continue
+        h = g.best
+        row = {"tokens": list(h.tokens), "text": h.text, "score": float(h.total_score),
+               "word_frames": [(w, int(a), int(b)) for w, (a, b) in zip(h.words, h.word_frames)],
+               "num_frames": int(frames[r]),
+               "nbest": [{"text": x.text, "score": float(x.total_score), "am_score": float(x.am_score),
+                          "lm_score": float(x.lm_score),
+                          **({} if x.attention_score is None else {"attention_score": float(x.attention_score)})}
+                         for x in g.nbest[:int(searcher.settings.nbest)]]}
+        if g.by_key:
+            row["rescored"] = {k: {"text": x.text, "score": float(x.total_score)} for k, x in g.by_key}
+        rows.append(row)
     return rows
 
 
@@ -157,45 +218,55 @@ def _text(tokenizer, ids) -> str:
     return " ".join(tokenizer.decode(ids).split())
 
 
+def decode_mode(task: Task, method: str) -> str:
+    """How a run decodes `method`: "ctc" (a search over the CTC head's log-probs), "attention_beam" (the attention
+    decoder's beam search, Task.beam_decode) or "own" (the family's greedy decoder, Whisper long-form). ConfigError
+    where the run cannot."""
+    attention = type(task).beam_decode is not Task.beam_decode
+    if method == "greedy":
+        return "ctc" if task.has_ctc_head and not attention else "own"
+    if method == "beam":
+        return "attention_beam" if attention else "ctc"
+    if not task.has_ctc_head:
+        raise ConfigError(f"decode method {method!r} needs a CTC model (conformer_ctc, wav2vec2_ctc, or "
+                          f"conformer_aed trained with loss.type 'joint'); a {task.name} run without a CTC head "
+                          f"decodes with its own decoder: use --method greedy or beam")
+    return "ctc"
+
+
 def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.ConfigDict, *,
                bad: list[dict] = (), progress: bool = True) -> tuple[dict, list[dict]]:
-    """Decodes `utts` with `run` and `settings`; returns (metrics, results in input order: `utts` first, then the
-    records of `bad`). Metrics: utterances, failed, audio_s, seconds, rtf, wer/cer/scored (see
-    jasr.training.score_results: a failed file counts as all deletions), method."""
+    """Decodes `utts` with `run` and `settings`; returns (metrics, results in input order: see
+    :func:`input_order`). Metrics: utterances, failed, audio_s, seconds, rtf, wer/cer/scored (see
+    jasr.training.score_results: a failed file counts as all deletions), method, and for graph rescoring methods
+    ``wer_by_key`` (WER of each scale key's hypotheses, where references exist)."""
     task, tok = run.task, run.tokenizer
-    ctc = has_ctc_head(task)
-    att_beam = settings.method == "beam" and not ctc
-    if settings.method != "greedy" and not ctc and not att_beam:
-        raise ConfigError(f"decode method {settings.method!r} needs a CTC model; a {run.config.model.name} run "
-                          f"(loss.type {run.config.loss.type!r}) decodes with its own decoder: use --method greedy "
-                          f"or beam")
-    if att_beam and type(task).beam_decode is Task.beam_decode:
-        raise ConfigError(f"a {run.config.model.name} run has no beam search: use --method greedy")
+    mode = decode_mode(task, settings.method)
+    ctc, att_beam = mode == "ctc", mode == "attention_beam"
     searcher = make_searcher(settings, tok, task.blank_id) if ctc else None
+    if searcher is not None and searcher.needs_attention and \
+            type(task).sequence_log_probs is Task.sequence_log_probs:
+        raise ConfigError(f"graph decoding 'attention_rescoring' needs an attention decoder (a conformer_aed run "
+                          f"trained with loss.type 'joint'); a {task.name} run has none")
+    whole = task.transcribes_whole_files and not ctc
     texts = reference_texts(utts)
     by_id = {u.id: u for u in utts}
     ok, unreadable = check_utterances(utts)
     results: dict[str, dict] = {}
     for r in [*bad, *unreadable]:
-        results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]}
+        results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or r.get("text") or "", "error": r["reason"]}
     shift = 0.01 * family(run.config.model.name).subsampling(run.config)
     t0 = time.time()
     if ok:
-        loader = make_eval_loader(run.config, ok, tok, edges=run.bucket_edges, task=task,
-                                  whole_files=task.transcribes_whole_files and not att_beam)
+        loader = make_eval_loader(run.config, ok, tok, edges=run.bucket_edges, task=task, whole_files=whole)
         for r in loader.skipped:
             results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]}
         if ctc:
-            fn = jax.jit(lambda state, batch: ctc_log_probs(task, state, batch))
+            fn = jax.jit(lambda state, batch: task.ctc_log_probs(state.params, state.model_state, batch))
         elif att_beam:
-            try:
-                opts = SearchOptions(beam_size=int(settings.beam), nbest=int(settings.nbest),
-                                     length_penalty=float(settings.length_penalty),
-                                     length_norm="gnmt" if run.config.model.name == "conformer_aed" else "plain",
-                                     ctc_weight=float(settings.ctc_weight))
-            except ValueError as e:
-                raise ConfigError(f"decode: {e}") from e
-            fn = jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts))
+            opts = search_options(run, settings)
+            fn = (whisper_beam_function(task, opts) if whole else
+                  jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts)))
         else:
             fn = decode_function(task)
         bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
@@ -209,7 +280,8 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
                 if searcher.search is None:
                     rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
                 elif searcher.graph:
-                    rows = _graph_rows(searcher.search, np.asarray(lp), pads_np)
+                    score_fn = attention_scorer(task, run.state, audio) if searcher.needs_attention else None
+                    rows = _graph_rows(searcher, np.asarray(lp), pads_np, score_fn)
                 else:
                     rows = _beam_rows(searcher.search(lp, pads), pads_np)
             elif att_beam:
@@ -230,16 +302,49 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
             bar.update(sum(1 for u in ids if u))
         bar.close()
     dt = time.time() - t0
-    order = [u.id for u in utts] + [r["id"] for r in bad]
-    out = [results[i] for i in order if i in results]
+    out = [results[i] for i in input_order(utts, list(bad)) if i in results]
     failed = [r for r in out if "error" in r]
     audio_s = sum(u.duration for u in ok)
-    method = (searcher.description if searcher else f"beam ({run.config.model.name}'s attention beam search, beam "
-              f"{settings.beam})" if att_beam else f"greedy ({run.config.model.name}'s decoder)")
+    name = run.config.model.name
+    method = (searcher.description if searcher else
+              f"beam ({name}'s attention beam search, beam {settings.beam}"
+              f"{', long-form over 30 s windows' if whole else ''})" if att_beam else f"greedy ({name}'s decoder)")
     m = {"utterances": len(out) - len(failed), "failed": len(failed), "audio_s": audio_s, "seconds": dt,
          "rtf": dt / audio_s if audio_s else float("nan"), "method": method}
     m.update(score_results(out))
+    if searcher is not None and searcher.keys and "wer" in m:
+        m["wer_by_key"] = {k: score_results([{**r, "hyp": r["rescored"][k]["text"]} if "rescored" in r else r
+                                             for r in out])["wer"] for k in searcher.keys}
     return m, out
+
+
+def search_options(run: RunInfo, settings) -> SearchOptions:
+    """The attention beam search options of `settings` (AED: GNMT length normalisation)."""
+    try:
+        return SearchOptions(beam_size=int(settings.beam), nbest=int(settings.nbest),
+                             length_penalty=float(settings.length_penalty),
+                             length_norm="gnmt" if run.config.model.name == "conformer_aed" else "plain",
+                             ctc_weight=float(settings.ctc_weight))
+    except ValueError as e:
+        raise ConfigError(f"decode: {e}") from e
+
+
+def whisper_beam_function(task: Task, opts: SearchOptions) -> Callable:
+    """(state, batch of whole files) -> beam_decode's dict, by the task's long-form transcription with beam search
+    in every 30 s window (Task.beam_transcribe)."""
+    def run(state, batch):
+        rows = task.beam_transcribe(state.params, state.model_state, {k: batch[k] for k in AUDIO_KEYS if k in batch},
+                                    opts)
+        n = max(len(r) for r in rows)
+        width = max([len(t) for r in rows for t, _ in r] + [1])
+        ids = np.zeros((len(rows), n, width), np.int32)
+        lengths = np.zeros((len(rows), n), np.int32)
+        scores = np.full((len(rows), n), -np.inf, np.float32)
+        for i, r in enumerate(rows):
+            for k, (t, sc) in enumerate(r):
+                ids[i, k, :len(t)], lengths[i, k], scores[i, k] = t, len(t), sc
+        return {"ids": ids, "lengths": lengths, "scores": scores}
+    return run
 
 
 def _result(uid: str, ref: str, duration: float, row: dict, tok, searcher: Searcher | None, shift: float) -> dict:
@@ -248,7 +353,9 @@ def _result(uid: str, ref: str, duration: float, row: dict, tok, searcher: Searc
     if "score" in row:
         res["score"] = row["score"]
     if len(row["nbest"]) > 1:
-        res["nbest"] = [{"text": _text(tok, t), "score": s} for t, s in row["nbest"]]
+        res["nbest"] = [h if isinstance(h, dict) else {"text": _text(tok, h[0]), "score": h[1]} for h in row["nbest"]]
+    if "rescored" in row:
+        res["rescored"] = row["rescored"]
     if "word_frames" in row:
         res["words"] = [{"word": w, "start": round(a * shift, 3), "end": round(min((b + 1) * shift, duration), 3)}
                         for w, a, b in row["word_frames"]]

@@ -372,7 +372,7 @@ def _beam(model: WhisperModel, params, encoder_hidden, prompt, opts: DecodeOptio
     state = (jnp.asarray(True), jnp.asarray(p, jnp.int32), running, running_scores, sequences, beam_scores,
              finished, unsat, cache, logits)
     state = jax.lax.while_loop(cond, body, state)
-    return state[4][:, 0], state[5][:, 0]
+    return state[4], state[5]      # [B, K, S], [B, K]: the finished pool, best first (-1e9: an empty slot)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -408,7 +408,29 @@ def generate_from_encoder(model: WhisperModel, params, encoder_hidden: Array, pr
                          f"max_target_positions={model.config.max_target_positions}")
     if opts.num_beams == 1:
         return _greedy(model, params, encoder_hidden, prompt, opts)
-    return _beam(model, params, encoder_hidden, prompt, opts)
+    seqs, scores = _beam(model, params, encoder_hidden, prompt, opts)
+    return seqs[:, 0], scores[:, 0]
+
+
+def beam_nbest_from_encoder(model: WhisperModel, params, encoder_hidden: Array, prompt: Array, opts: DecodeOptions,
+                            nbest: int) -> tuple[Array, Array]:
+    """Beam search (``opts.num_beams`` >= `nbest`) returning the `nbest` best finished hypotheses per row, as
+    transformers' ``num_return_sequences``: ``sequences [B, nbest, P + max_new_tokens]`` and length-penalised
+    scores ``[B, nbest]`` (best first; -inf for a slot no hypothesis reached)."""
+    prompt = jnp.asarray(prompt, jnp.int32)
+    if not 1 <= nbest <= opts.num_beams:
+        raise ValueError(f"nbest must be in [1, num_beams={opts.num_beams}], got {nbest}")
+    if prompt.ndim != 2 or prompt.shape[0] != encoder_hidden.shape[0]:
+        raise ValueError(f"prompt must be [batch={encoder_hidden.shape[0]}, P], got {prompt.shape}")
+    if prompt.shape[1] + opts.max_new_tokens > model.config.max_target_positions:
+        raise ValueError(f"prompt length {prompt.shape[1]} + max_new_tokens {opts.max_new_tokens} > "
+                         f"max_target_positions={model.config.max_target_positions}")
+    if opts.num_beams == 1:
+        seqs, scores = _greedy(model, params, encoder_hidden, prompt, opts)
+        return seqs[:, None], scores[:, None]
+    seqs, scores = _beam(model, params, encoder_hidden, prompt, opts)
+    scores = scores[:, :nbest]
+    return seqs[:, :nbest], jnp.where(scores > -1e8, scores, NEG)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.whisper import WhisperModel
-from models.whisper_decode import (FRAME_SECONDS, TIME_PRECISION, GenerationSettings, build_prompts, decode_options,
-                                   detect_language, encode, generate_from_encoder, model_limit, no_speech_probs,
-                                   sample_from_encoder, strip)
+from models.whisper_decode import (FRAME_SECONDS, TIME_PRECISION, GenerationSettings, beam_nbest_from_encoder,
+                                   build_prompts, decode_options, detect_language, encode, generate_from_encoder,
+                                   model_limit, no_speech_probs, sample_from_encoder, strip)
+
 
 def _window(features: np.ndarray, start: int, length: int, num_frames: int) -> np.ndarray:
     seg = features[:, start:start + length]
@@ -213,7 +214,8 @@ class LongFormOptions:
     (length penalty 1, so its score is the average log-probability); ``best_of`` samples per window at temperature
     > 0, the best by summed log-probability / tokens; the previous text is dropped from the prompt after a window
     decoded above ``prompt_reset_temperature``; ``prompt_bucket`` > 1 keeps the previous-text tokens in multiples of
-    it (the most recent ones), which bounds the compiled programs (one per prompt length)."""
+    it (the most recent ones), which bounds the compiled programs (one per prompt length); ``nbest`` > 1 (<=
+    ``num_beams``): a window decoded by beam search keeps its ``nbest`` best hypotheses (``windows[i]["nbest"]``)."""
     temperatures: tuple = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     compression_ratio_threshold: Optional[float] = 2.4
     logprob_threshold: Optional[float] = -1.0
@@ -223,12 +225,15 @@ class LongFormOptions:
     best_of: int = 1
     prompt_reset_temperature: float = 0.5
     prompt_bucket: int = 1
+    nbest: int = 1
 
     def __post_init__(self):
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be a non-empty sequence of values >= 0, got {self.temperatures}")
         if self.num_beams < 1 or self.best_of < 1 or self.prompt_bucket < 1:
             raise ValueError("num_beams, best_of and prompt_bucket must be >= 1")
+        if not 1 <= self.nbest <= self.num_beams:
+            raise ValueError(f"nbest must be in [1, num_beams={self.num_beams}], got {self.nbest}")
 
 
 def token_compression_ratio(tokens: Sequence[int], vocab_size: int) -> float:
@@ -278,18 +283,31 @@ def _rows(a, idx, size):
     return a[jnp.asarray(list(idx) + [idx[0]] * (size - len(idx)))]
 
 
-def _decode_attempt(model, params, enc, prompt, opts, temperature, key, best_of, settings):
-    """One decode of every row at one temperature: ``(tokens list per row (eos removed), ended, sum_logprob)``."""
+def _decode_attempt(model, params, enc, prompt, opts, temperature, key, best_of, settings, nbest=1):
+    """One decode of every row at one temperature: ``(tokens list per row (eos removed), ended, sum_logprob,
+    alternatives)``; alternatives (beam search with `nbest` > 1): per row the `nbest` best ``(tokens,
+    sum_logprob)``, best first, else None."""
     n = enc.shape[0]
     p = prompt.shape[1]
     if temperature == 0.0:
-        seqs, score = generate_from_encoder(model, params, enc, prompt, opts)
+        alts = None
+        if opts.num_beams > 1 and nbest > 1:
+            all_seqs, all_scores = beam_nbest_from_encoder(model, params, enc, prompt, opts, nbest)
+            all_seqs, all_scores = np.asarray(all_seqs), np.asarray(all_scores, np.float64)
+            alts = []
+            for r in range(n):
+                row = [(t, sc * (len(t) + 1)) for t, sc in zip(strip(all_seqs[r], p, settings), all_scores[r])
+                       if np.isfinite(sc)]
+                alts.append(row)
+            seqs, score = all_seqs[:, 0], all_scores[:, 0]
+        else:
+            seqs, score = generate_from_encoder(model, params, enc, prompt, opts)
         toks = strip(seqs, p, settings)
         ended = [settings.eos_token_id in row for row in np.asarray(seqs)[:, p:].tolist()]
         score = np.asarray(score, np.float64)
         if opts.num_beams > 1:    # length penalty 1: the score is the average log-prob over tokens + eos
             score = score * np.array([len(t) + 1 for t in toks])
-        return toks, ended, score
+        return toks, ended, score, alts
     rep = lambda a: jnp.repeat(a, best_of, axis=0)  # noqa: E731
     seqs, score = sample_from_encoder(model, params, rep(enc), rep(prompt), opts, key, temperature)
     toks, score = strip(seqs, p, settings), np.asarray(score, np.float64)
@@ -301,7 +319,7 @@ def _decode_attempt(model, params, enc, prompt, opts, temperature, key, best_of,
         out_t.append(toks[best])
         out_e.append(settings.eos_token_id in rows[best])
         out_s.append(score[best])
-    return out_t, out_e, np.asarray(out_s)
+    return out_t, out_e, np.asarray(out_s), None
 
 
 def transcribe_longform(model: WhisperModel, params, input_features, settings: GenerationSettings, *,
@@ -392,9 +410,9 @@ def transcribe_longform(model: WhisperModel, params, input_features, settings: G
                                           length_penalty=1.0)
                     k = None if temp == 0.0 else jax.random.fold_in(key, calls)
                     calls += 1
-                    toks, ended, sums = _decode_attempt(model, params, _rows(enc, pending, bs),
-                                                        _rows(prompt, pending, bs), opts, float(temp), k, o.best_of,
-                                                        settings)
+                    toks, ended, sums, alts = _decode_attempt(model, params, _rows(enc, pending, bs),
+                                                              _rows(prompt, pending, bs), opts, float(temp), k,
+                                                              o.best_of, settings, o.nbest)
                     still = []
                     for r, j in enumerate(pending):
                         t = toks[r]
@@ -403,9 +421,9 @@ def transcribe_longform(model: WhisperModel, params, input_features, settings: G
                                                       cfg.vocab_size))
                         att = {"temperature": float(temp), "compression_ratio": cr,
                                "avg_logprob": float(sums[r] / (len(t) + 1)), "no_speech_prob": float(ns[j]),
-                               "tokens": t}
+                               "tokens": t, "nbest": None if alts is None else alts[r]}
                         att["needs_fallback"] = needs_fallback(cr, att["avg_logprob"], att["no_speech_prob"], o)
-                        attempts[j].append({kk: v for kk, v in att.items() if kk != "tokens"})
+                        attempts[j].append({kk: v for kk, v in att.items() if kk not in ("tokens", "nbest")})
                         final[j] = att
                         if att["needs_fallback"]:
                             still.append(j)
@@ -416,7 +434,9 @@ def transcribe_longform(model: WhisperModel, params, input_features, settings: G
                     res, offset = final[j], float(seek[i]) * FRAME_SECONDS
                     skip = should_skip(res["avg_logprob"], res["no_speech_prob"], o)
                     results[i]["windows"].append({"start": offset, "frames": n, "prompt_length": p_len,
-                                                  "skipped": skip, "attempts": attempts[j]})
+                                                  "skipped": skip, "attempts": attempts[j],
+                                                  "sum_logprob": res["avg_logprob"] * (len(res["tokens"]) + 1),
+                                                  **({"nbest": res["nbest"]} if res["nbest"] else {})})
                     if skip:
                         seek[i] += n
                         continue

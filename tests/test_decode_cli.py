@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 
+import jiwer
 import numpy as np
 import pytest
 
@@ -246,3 +247,79 @@ def test_hf_whisper_directory(tmp_path, capsys):
     rc, _, err = decode(capsys, "--hf-model", d, *_lj_files()[:1], "--method", "lexicon", "--lexicon",
                         os.path.join(ROOT, "configs", "fsdd_lexicon.txt"))
     assert rc == 2 and "needs a CTC model" in err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# graph decoding methods (icefall's): one best, n-best, n-best / whole-lattice LM rescoring
+
+def test_graph_decoding_methods(run, tmp_path, capsys):
+    workdir, manifest, ids = run
+    grammar = os.path.join(ROOT, "configs", "fsdd_grammar.arpa")
+
+    def graph(name, *args):
+        path = tmp_path / f"{name}.jsonl"
+        rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", path,
+                              "--method", "graph", *args)
+        assert rc == 0, err
+        res = read_jsonl(path)
+        assert [r["id"] for r in res] == ids
+        return out, res
+
+    _, best = graph("one_best", "--graph-decoding", "one_best")
+    # the whole lattice rescored with the graph's own LM at the graph's scale (the config's lm_weight 1.0): the
+    # same best paths
+    out, whole = graph("whole", "--graph-decoding", "whole_lattice_rescoring", "--rescore-lm", grammar)
+    assert "whole lattice rescored by fsdd_grammar.arpa at lm scale 1.0" in out
+    assert [r["hyp"] for r in whole] == [r["hyp"] for r in best]
+    assert [r["score"] for r in whole] == pytest.approx([r["score"] for r in best], rel=1e-5, abs=1e-4)
+    # n-best with many sampled paths finds the best path's words; its list is sorted, the transcript first
+    out, nb = graph("nbest", "--graph-decoding", "nbest", "--num-paths", "200", "--nbest", "3")
+    assert "n-best of 200 sampled paths" in out
+    assert [r["hyp"] for r in nb] == [r["hyp"] for r in best]
+    for r in nb:
+        scores = [h["score"] for h in r.get("nbest", [{"score": r["score"]}])]
+        assert scores == sorted(scores, reverse=True) and len(scores) <= 3
+        assert "nbest" not in r or (r["nbest"][0]["text"] == r["hyp"] and len({h["text"] for h in r["nbest"]}) ==
+                                    len(r["nbest"]))
+    # n-best rescoring with the graph's LM at the graph's scale keeps the n-best's choice; two scales, two WERs
+    out, res = graph("rescore", "--graph-decoding", "nbest_rescoring", "--num-paths", "200", "--lm-scales",
+                     "1.0,0.3")
+    assert "lm_scale_1.0: WER" in out and "lm_scale_0.3: WER" in out
+    assert [r["hyp"] for r in res] == [r["hyp"] for r in nb]
+    assert all(r["rescored"]["lm_scale_1.0"]["text"] == r["hyp"] for r in res)
+    # attention-decoder rescoring needs an attention decoder
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--method", "graph",
+                          "--graph-decoding", "attention_rescoring")
+    assert rc == 2 and "needs an attention decoder" in err
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--method", "graph",
+                          "--lm-scales", "1,x")
+    assert rc == 2 and "comma-separated numbers" in err
+
+
+def test_manifest_order_with_unreadable_entries(run, tmp_path, capsys):
+    """Unreadable entries (one without a duration, whose header cannot be read; one whose audio is truncated) come
+    back at their place in the manifest, with their reason, and count in WER as all deletions."""
+    workdir, manifest, _ = run
+    rows = read_jsonl(manifest)[:3]
+    broken = tmp_path / "broken.wav"
+    shutil.copy(rows[0]["audio"], broken)
+    with open(broken, "r+b") as f:
+        f.truncate(30)
+    no_header = {"id": "no_header", "audio": str(broken), "text": "ONE TWO"}              # no duration
+    truncated = {"id": "truncated", "audio": str(broken), "text": "THREE", "duration": 0.5}
+    entries = [rows[0], no_header, rows[1], truncated, rows[2]]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in entries))
+    out_path = tmp_path / "mixed_out.jsonl"
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", path, "--output", out_path,
+                          "--method", "greedy")
+    assert rc == 0, err
+    res = read_jsonl(out_path)
+    assert [r["id"] for r in res] == [r["id"] for r in entries]
+    for r, e in zip(res, entries):
+        assert r["ref"] == e["text"] and ("error" in r) == (e["id"] in ("no_header", "truncated"))
+    assert "failed: no_header" in out and "failed: truncated" in out and "2 files could not be read" in out
+    # jiwer over every entry, an empty hypothesis for the unreadable ones ("<none>" stands in for an empty one:
+    # against n reference words it costs n errors, as n deletions do)
+    wer = 100 * jiwer.wer([r["ref"] for r in res], [r.get("hyp") or "<none>" for r in res])
+    assert f"WER {wer:.2f}%" in out

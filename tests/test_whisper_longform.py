@@ -2,6 +2,7 @@
 openai-whisper's rules computed here independently (zlib compression ratio of the tokens / text, no-speech
 probability from a teacher-forced forward pass), and the whole transcription against transformers' long-form
 ``generate`` (greedy, previous-text conditioning, no-speech skipping) token for token."""
+import dataclasses
 import json
 import os
 import zlib
@@ -19,6 +20,7 @@ from jasr.tasks.base import SearchOptions  # noqa: E402
 from jasr.tasks.whisper import WhisperTask  # noqa: E402
 from models.whisper_generate import (GenerationSettings, LongFormOptions, generate, strip,  # noqa: E402
                                      transcribe_longform)
+from models.whisper_decode import beam_nbest_from_encoder, build_prompts, decode_options, encode  # noqa: E402
 from models.whisper_hf import from_pretrained  # noqa: E402
 
 V = 128
@@ -223,3 +225,49 @@ def test_openai_defaults_match_transformers_when_no_window_falls_back(models):
                           compression_ratio_threshold=2.4, logprob_threshold=-1.0, no_speech_threshold=0.6,
                           condition_on_prev_tokens=True)
     assert [s["tokens"] for s in mine["segments"]] == [s["tokens"].tolist() for s in out["segments"][0]]
+
+
+def test_longform_beam_search_matches_transformers_and_nbest(models):
+    """Beam search in every 30 s window (openai-whisper's beam_size, transformers' long-form num_beams) token for
+    token against transformers; the n-best of a window against transformers' generic beam search with
+    num_return_sequences (sequences and length-penalised scores); WhisperTask.beam_transcribe's n-best."""
+    hf, model, params, settings = models
+    feats, n = _feats(1, 70, seed=12), 70
+    opts = LongFormOptions(temperatures=(0.0,), num_beams=3, compression_ratio_threshold=None,
+                           logprob_threshold=None, no_speech_threshold=None)
+    mine = transcribe_longform(model, params, feats, settings, max_new_tokens=16, language="en", options=opts)[0]
+    assert len(mine["windows"]) >= 2
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(feats), attention_mask=torch.ones((1, n), dtype=torch.long),
+                          generation_config=transformers.GenerationConfig(**GEN), max_new_tokens=16, language="en",
+                          return_timestamps=True, return_segments=True, temperature=(0.0,), num_beams=3,
+                          condition_on_prev_tokens=True)
+    assert [s["tokens"] for s in mine["segments"]] == [s["tokens"].tolist() for s in out["segments"][0]]
+    # n-best of one window
+    f2 = _feats(2, 2 * SRC, seed=7)
+    enc = encode(model, params, jnp.asarray(f2))
+    prompt = build_prompts(model, params, enc, settings, "en", None, False)
+    seqs, scores = beam_nbest_from_encoder(model, params, enc, prompt,
+                                           decode_options(settings, max_new_tokens=12, num_beams=3), 3)
+    gc = transformers.GenerationConfig(num_beams=3, num_return_sequences=3, max_new_tokens=12, eos_token_id=EOS,
+                                       pad_token_id=EOS, decoder_start_token_id=SOT, length_penalty=1.0,
+                                       suppress_tokens=list(settings.suppress_tokens), do_sample=False,
+                                       begin_suppress_tokens=list(settings.begin_suppress_tokens),
+                                       output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():       # the generic beam search (Whisper's generate returns one sequence per input)
+        ref = transformers.GenerationMixin.generate(hf, input_features=torch.tensor(f2), generation_config=gc,
+                                                    decoder_input_ids=torch.tensor(np.asarray(prompt)))
+    w = ref.sequences.shape[1]
+    assert np.asarray(seqs)[:, :, :w].reshape(6, w).tolist() == ref.sequences.tolist()
+    np.testing.assert_allclose(np.asarray(scores).reshape(-1), ref.sequences_scores.numpy(), rtol=1e-4)
+    # the task's long-form beam search of one-window files: the n-best of the window, the best the transcript
+    task = WhisperTask(model=model, prompt=(SOT, EN, TRANSCRIBE, NOTS), eos_id=EOS, no_timestamps_id=NOTS,
+                       suppress_tokens=(3, 7, NOSPEECH, PREV), begin_suppress_tokens=(5, EOS), prev_sot_id=PREV,
+                       max_initial_timestamp_index=4, max_decode_tokens=12,
+                       longform=LongFormOptions(temperatures=(0.0,), no_speech_threshold=None))    # no fallback
+    batch = {"features": jnp.swapaxes(jnp.asarray(f2), 1, 2), "feature_paddings": jnp.zeros((2, 2 * SRC))}
+    lists = task.beam_transcribe(params, {}, batch, SearchOptions(beam_size=3, nbest=3))
+    one = task.transcribe(params, {}, batch, dataclasses.replace(task.longform, num_beams=3))
+    for hyps, best in zip(lists, one):
+        assert 1 < len(hyps) <= 3 and hyps[0][0] == best
+        assert [s for _, s in hyps] == sorted([s for _, s in hyps], reverse=True)

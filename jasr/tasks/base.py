@@ -208,6 +208,25 @@ class Task:
         uses greedy_decode or CTC prefix beam search). Length limits as greedy_decode's."""
         return None
 
+    @property
+    def has_ctc_head(self) -> bool:
+        """True when :meth:`ctc_log_probs` gives log-probs (CTC models, AED runs trained with a joint CTC loss)."""
+        return False
+
+    def ctc_log_probs(self, params, model_state, batch: dict):
+        """The CTC head's ``(log_probs [B, T', V] float32 (log-softmax over the tokenizer's ids, blank = blank_id),
+        paddings [B, T'] (1.0 on padded frames))`` from the audio keys of `batch` (inference: no dropout, no
+        masking; jit-able); None for a family without a CTC head (see :attr:`has_ctc_head`). Lexicon, LM and graph
+        decoding search these."""
+        return None
+
+    def sequence_log_probs(self, params, model_state, batch: dict, tokens, token_paddings, rows):
+        """Attention-decoder log-probability of whole token sequences (eos included) given the audio of `batch`:
+        ``tokens [N, L]`` (tokenizer ids, no sos/eos; 1.0 in ``token_paddings [N, L]`` past each sequence),
+        ``rows [N]`` the batch row whose audio each sequence is scored against -> ``[N]`` float32 (icefall's
+        attention-decoder rescoring of an n-best list); None for a family without an attention decoder."""
+        return None
+
     @classmethod
     def decode_feature_config(cls, cfg: ml_collections.ConfigDict) -> FeatureConfig:
         """The features of whole files for :meth:`transcribe` (default: :meth:`feature_config`)."""

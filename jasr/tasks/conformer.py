@@ -90,6 +90,15 @@ class ConformerCTCTask(_FeatureTask):
         (logits, pads), _ = self.ctc_logits(params, model_state, batch)
         return ctc_greedy_decode(logits, pads, self.blank_id)
 
+    @property
+    def has_ctc_head(self):
+        return True
+
+    def ctc_log_probs(self, params, model_state, batch):
+        """log_softmax of :meth:`ctc_logits` (inference) in float32, and the output paddings."""
+        (logits, pads), _ = self.ctc_logits(params, model_state, batch)
+        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), pads
+
 
 @dataclasses.dataclass(frozen=True)
 class ConformerAEDTask(_FeatureTask):
@@ -176,6 +185,38 @@ class ConformerAEDTask(_FeatureTask):
         toks, tpad, _ = greedy_search(self.model, variables, batch["features"], batch["feature_paddings"],
                                       self.max_tokens(batch["features"].shape[1]))
         return toks.astype(jnp.int32), jnp.sum(1.0 - tpad, axis=1).astype(jnp.int32)
+
+    @property
+    def has_ctc_head(self):
+        return self.model.config.use_ctc
+
+    def ctc_log_probs(self, params, model_state, batch):
+        """The joint run's CTC head: log_softmax of its logits without the sos/eos id (the last id, never a CTC
+        target), so that V is the tokenizer's vocabulary; None for a run without a CTC head (loss.type
+        "attention")."""
+        if not self.has_ctc_head:
+            return None
+        batch = self.frontend(batch, None, False)
+        _, pads, logits = self.model.apply({"params": params, **model_state}, batch["features"],
+                                           batch["feature_paddings"], False, method=AEDModel.encode)
+        eos = self.model.config.eos_token
+        if eos != logits.shape[-1] - 1:
+            raise ValueError(f"conformer_aed: the sos/eos id {eos} must be the last of {logits.shape[-1]} ids")
+        return jax.nn.log_softmax(logits[..., :eos].astype(jnp.float32), axis=-1), pads
+
+    def sequence_log_probs(self, params, model_state, batch, tokens, token_paddings, rows):
+        """Teacher-forced decoder log-probability of ``[sos, y] -> [y, eos]`` per sequence against the encoder
+        output of batch row ``rows[n]`` (label-smoothing-free, float32)."""
+        mcfg = self.model.config
+        batch = self.frontend(batch, None, False)
+        variables = {"params": params, **model_state}
+        enc, enc_pads, _ = self.model.apply(variables, batch["features"], batch["feature_paddings"], False,
+                                            method=AEDModel.encode)
+        inputs, targets, target_pads = shift_labels(tokens, token_paddings, mcfg.sos_token, mcfg.eos_token)
+        logits = self.model.apply(variables, inputs, enc[rows], enc_pads[rows], False, method=AEDModel.decode)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(target_pads > 0.5, 0.0, picked), axis=-1)
 
     def beam_decode(self, params, model_state, batch, options: SearchOptions):
         """models.aed_search.beam_search over the attention decoder (its KV cache / LSTM state), optionally joint

@@ -149,6 +149,15 @@ class Wav2Vec2CTCTask(_Wav2Vec2Task):
     def greedy_decode(self, params, model_state, batch):
         return ctc_greedy_decode(*self.ctc_logits(params, batch), self.blank_id)
 
+    @property
+    def has_ctc_head(self):
+        return True
+
+    def ctc_log_probs(self, params, model_state, batch):
+        """log_softmax of :meth:`ctc_logits` (inference) in float32, and the output paddings."""
+        logits, pads = self.ctc_logits(params, batch)
+        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), pads
+
 
 @dataclasses.dataclass(frozen=True)
 class Wav2Vec2PretrainTask(_Wav2Vec2Task):

@@ -24,7 +24,7 @@ from jasr.tokenizers import WhisperTokenizer, normalize_whitespace
 from models.hf_io import load_state_dict
 from models.whisper import WhisperConfig, WhisperModel
 from models.whisper_decode import DecodeOptions, GenerationSettings, generate_from_encoder
-from models.whisper_longform import LongFormOptions, transcribe_longform
+from models.whisper_longform import LongFormOptions, split_segments, transcribe_longform
 from models.whisper_hf import hf_to_params
 
 
@@ -217,6 +217,26 @@ class WhisperTask(Task):
     def transcribe(self, params, model_state, batch, options: LongFormOptions | None = None, key=None):
         """Token ids per row of :meth:`transcribe_segments` (timestamp tokens included)."""
         return [r["tokens"] for r in self.transcribe_segments(params, model_state, batch, options, key)]
+
+    def beam_transcribe(self, params, model_state, batch, options: SearchOptions) -> list[list[tuple]]:
+        """Long-form transcription of whole files (:meth:`transcribe_segments`) with beam search of
+        ``options.beam_size`` in every 30 s window at temperature 0 (openai-whisper's ``beam_size``; the fallback
+        temperatures still sample). Per row, best first: ``[(tokens, sum log-prob)]``, the ``options.nbest`` best
+        hypotheses of a file decoded in one window, else the one transcript (its windows' log-probs summed)."""
+        if options.ctc_weight > 0:
+            raise ValueError("whisper beam search has no CTC head (ctc_weight must be 0)")
+        opts = dataclasses.replace(self.longform, num_beams=options.beam_size, nbest=options.nbest)
+        out = []
+        for r in self.transcribe_segments(params, model_state, batch, opts):
+            kept = [w for w in r["windows"] if not w["skipped"]]
+            if len(kept) == 1 and "nbest" in kept[0] and len(r["windows"]) == 1:
+                w = kept[0]     # each alternative as the transcript is made: its complete timestamped segments
+                spans = [split_segments(t, self.no_timestamps_id + 1, w["frames"], 0.0)[0] for t, _ in w["nbest"]]
+                out.append([([x for seg in segs for x in seg["tokens"]], float(sc))
+                            for segs, (_, sc) in zip(spans, w["nbest"])])
+            else:
+                out.append([(r["tokens"], float(sum(w["sum_logprob"] for w in kept)))])
+        return out
 
     def beam_decode(self, params, model_state, batch, options: SearchOptions):
         """Short-form (one 30 s window) beam search with the KV cache (transformers' beam search, length penalty
