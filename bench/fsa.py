@@ -10,12 +10,13 @@ CPU (default): per shape, for every input distribution,
    and unigram arcs out of it; state-labelled) and a random phone-loop graph (`den_graph`: random labels, not
    state-labelled: the general arc path).
 
-Inputs as bench/ctc.py draws them: N(0, 1) logits scaled x1, x3, x10, and "trained-like" logits (a network that
-has learnt the task: each label peaks on a few frames in order, blank elsewhere, see `trained_like_logits`;
-``--logits FILE.npz`` replaces them by a saved array of real logits, key ``logits`` or ``lp`` [N, T', C]); frame
-lengths 60-100 % of T, label lengths 0-100 % of N (the first row full), about a third of the labels a repeat of the
-previous one.  Times are medians of ``--reps`` rounds of one jitted loss+gradient call (``block_until_ready``); in
-each round the rows of a group are called in turn (so load changes hit every row alike); compile time separate.
+Inputs as bench/ctc.py draws them: N(0, 1) logits scaled x1, x3, x10 with random labels (frame lengths 60-100 % of
+T, label lengths 0-100 % of N, the first row full, about a third of the labels a repeat of the previous one), and a
+trained network's log-probs with their transcripts (`model_batch`, from bench/data/fsdd_ctc_logprobs.npz or
+``--logits FILE``; without such a file, generated "trained-like" logits on the random labels,
+`trained_like_logits`).  Times are medians of ``--reps`` rounds of one jitted loss+gradient call
+(``block_until_ready``); in each round the rows of a group are called in turn (so load changes hit every row alike);
+compile time separate.
 
 ``--gpu``: the same graphs timed with ``implementation='pallas'`` against ``'xla'`` (and optax.ctc_loss; torch's CTC,
 cuDNN and native, when torch with CUDA is importable) on the GPU, written with the GPU's name
@@ -56,7 +57,7 @@ except ImportError:          # a bare image: the optax rows are left out
 
 CPU_SHAPES = [(32, 250, 32, 60), (16, 500, 500, 80)]
 GPU_SHAPES = [(64, 500, 500, 100), (32, 1000, 5000, 200)]
-INTERPRET_SHAPES = [(2, 12, 6, 3)]
+INTERPRET_SHAPES = [(2, 40, 20, 6)]
 DISTRIBUTIONS = ("N(0,1)", "N(0,1) x3", "N(0,1) x10", "trained-like")
 
 
@@ -128,28 +129,67 @@ def trained_like_logits(rng, labels, label_lengths, frame_lengths, frames, class
     return x
 
 
-def load_logits(path, batch, frames, classes):
-    """Real logits from an .npz (key 'logits' or 'lp'), tiled/cut to [batch, frames, classes]; None if unusable."""
+MODEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "fsdd_ctc_logprobs.npz")
+
+
+def model_batch(path, rng, batch, frames, classes, max_labels, frame_lengths):
+    """Rows of a trained network's log-probs with their transcripts, from an .npz holding ``logprobs``
+    [sum of frames, K'] (blank 0), ``frame_lengths``, ``labels`` (concatenated) and ``label_lengths`` per utterance
+    (bench/data/fsdd_ctc_logprobs.npz: configs/fsdd.py's Conformer-CTC on its held-out speaker).  Row b takes whole
+    consecutive utterances from a random one on, while they fit its drawn frame length and `max_labels` labels.
+    The K' model classes go to `classes` by a random injective map per row (blank stays 0); each other class
+    repeats a character's column lowered by log((classes - K') / (K' - 1)), so the extra classes share a
+    character's mass instead of none.  Returns (logits, labels, label_lengths, frame_lengths)."""
     data = np.load(path)
-    key = "logits" if "logits" in data else "lp" if "lp" in data else None
-    if key is None or data[key].ndim != 3 or data[key].shape[2] != classes:
-        return None
-    x = data[key].astype(np.float32)
-    reps = (-(-batch // x.shape[0]), -(-frames // x.shape[1]), 1)
-    return np.tile(x, reps)[:batch, :frames]
+    lp = data["logprobs"].astype(np.float32)
+    fr = np.concatenate([[0], np.cumsum(data["frame_lengths"])])
+    lb = np.concatenate([[0], np.cumsum(data["label_lengths"])])
+    n_utt, K = len(data["frame_lengths"]), lp.shape[1]
+    x = np.zeros((batch, frames, classes), np.float32)
+    labels = np.zeros((batch, max_labels), np.int32)
+    ll, fl = np.zeros(batch, np.int64), np.zeros(batch, np.int64)
+    lower = np.log(max(1.0, (classes - K) / (K - 1)))
+    for b in range(batch):
+        u = int(rng.integers(n_utt))
+        seg, lab = [], []
+        for _ in range(n_utt):
+            f_u, l_u = lp[fr[u]:fr[u + 1]], data["labels"][lb[u]:lb[u + 1]]
+            if sum(map(len, seg)) + len(f_u) > frame_lengths[b] or sum(map(len, lab)) + len(l_u) > max_labels:
+                break
+            seg.append(f_u)
+            lab.append(l_u)
+            u = (u + 1) % n_utt
+        if not seg:            # no utterance fits: a row of blank frames with no labels
+            seg = [np.where(np.arange(K)[None] == 0, 0.0, -30.0).repeat(max(int(frame_lengths[b]), 1), 0)]
+        row_lp = np.concatenate(seg)
+        ids = np.concatenate(lab).astype(np.int64) if lab else np.zeros(0, np.int64)
+        to_c = np.zeros(K, np.int64)
+        to_c[1:] = rng.choice(np.arange(1, classes), size=K - 1, replace=False)
+        row = row_lp[:, 1 + np.arange(classes) % (K - 1)] - lower
+        row[:, 0] = row_lp[:, 0]
+        row[:, to_c[1:]] = row_lp[:, 1:]
+        x[b, :len(row)] = row
+        labels[b, :len(ids)] = to_c[ids]
+        ll[b], fl[b] = len(ids), len(row)
+    return x, labels, ll, fl
 
 
-def make_inputs(shape, logits_file=None, seed=0):
+def make_inputs(shape, model_file=None, seed=0):
+    """[(inputs {name: logits}, labels, label_lengths, frame_lengths)]: the N(0, 1) group (x1, x3, x10, one set of
+    labels) and the trained-network group (its own transcripts: real log-probs from `model_file` when given, else
+    `trained_like_logits` on the first group's labels)."""
     B, T, C, N = shape
     rng, labels, label_lengths, frame_lengths = draw_batch(B, T, C, N, seed)
     base = rng.normal(size=(B, T, C)).astype(np.float32)
-    inputs = {"N(0,1)": base, "N(0,1) x3": base * 3, "N(0,1) x10": base * 10}
-    real = load_logits(logits_file, B, T, C) if logits_file else None
-    if real is not None:
-        inputs["real logits"] = real
+    groups = [({"N(0,1)": base, "N(0,1) x3": base * 3, "N(0,1) x10": base * 10}, labels, label_lengths,
+               frame_lengths)]
+    if model_file and np.load(model_file)["logprobs"].shape[1] <= C:
+        x, lab, ll, fl = model_batch(model_file, rng, B, T, C, N, frame_lengths)
+        groups.append(({"trained model": x}, lab, ll, fl))
     else:
-        inputs["trained-like"] = trained_like_logits(rng, labels, label_lengths, frame_lengths, T, C)
-    return {k: jnp.asarray(v) for k, v in inputs.items()}, labels, label_lengths, frame_lengths
+        groups.append(({"trained-like": trained_like_logits(rng, labels, label_lengths, frame_lengths, T, C)},
+                       labels, label_lengths, frame_lengths))
+    return [({k: jnp.asarray(v) for k, v in g[0].items()},) + g[1:] for g in groups]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -309,7 +349,10 @@ def machine_line():
             f"({getattr(dev, 'device_kind', dev.platform)}); `uptime` at start: {up}")
 
 
-def table(shape, times, compile_s, row_names, input_names, ref_name):
+DEN_REF = "optax.ctc_loss (denominator group)"
+
+
+def table(shape, times, compile_s, row_names, input_names, ref_name, den_names=()):
     """Markdown: one row per computation, a column per input distribution (ms, and x ref_name's time)."""
     head = "| computation | " + " | ".join(input_names) + " | compile |"
     lines = [head, "|---" * (len(input_names) + 2) + "|"]
@@ -318,8 +361,9 @@ def table(shape, times, compile_s, row_names, input_names, ref_name):
         for iname in input_names:
             t = times[(name, iname)][0]
             ratio = ""
-            if ref_name and (ref_name, iname) in times and name != ref_name:
-                ratio = f" ({times[(ref_name, iname)][0] / t:.2f}x)"
+            ref_i = DEN_REF if name in den_names and (DEN_REF, iname) in times else ref_name
+            if ref_name and (ref_i, iname) in times and name != ref_name:
+                ratio = f" ({times[(ref_i, iname)][0] / t:.2f}x)"
             cells.append(f"{t * 1e3:.1f} ms{ratio}")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {compile_s[name]:.1f} s |")
     return lines
@@ -331,52 +375,78 @@ def ratio_summary(times, input_names, num, den):
     return (min(r), max(r)) if r else None
 
 
+def time_groups(groups, make_rows, reps, den_reps=None):
+    """Times every group's rows on its inputs (the rows are built per group: its own labels and graphs); with
+    den_reps, rows past the first `len(ctc)` rows (see `run_cpu`) run in a second alternation with optax.
+    Returns (times, compile s of the first group, [row names], {row name: fn} of the last group per input)."""
+    times, comp, names, fns = {}, {}, None, {}
+    for inputs, labels, ll, fl in groups:
+        ctc_rows, den_rows = make_rows(labels, ll, fl)
+        t, c = time_rows(ctc_rows, inputs, reps)
+        times.update(t)
+        comp = comp or c
+        if den_rows:
+            opt = [r for r in ctc_rows if r[0] == "optax.ctc_loss"]
+            t2, c2 = time_rows(den_rows + opt, inputs, den_reps)
+            times.update({k: v for k, v in t2.items() if k[0] != "optax.ctc_loss" or not opt})
+            times.update({(DEN_REF, k[1]): v for k, v in t2.items()
+                          if k[0] == "optax.ctc_loss"})
+            comp.update({k: v for k, v in c2.items() if k not in comp})
+        names = names or [n for n, _ in ctc_rows + den_rows]
+        for iname in inputs:
+            fns[iname] = dict(ctc_rows + den_rows)
+    return times, comp, names, fns
+
+
 def run_cpu(args):
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else CPU_SHAPES
     lines = ["# fsa_ops dense intersection benchmark (CPU)", "", machine_line() + ".", "",
              "Loss + gradient w.r.t. the logits, one jitted call; median of "
-             f"{args.reps} rounds per input after a compile call and a warm call, the rows called in turn each round. "
-             "Cells: wall time per call and, in brackets, optax.ctc_loss's time over this row's (> 1: faster than "
-             "optax). Inputs: N(0, 1) logits x1, x3, x10 and "
-             + ("real logits from " + args.logits if args.logits else
-                "trained-like logits (generated: `trained_like_logits`; no saved real logits were available)")
+             f"{args.reps} rounds per input (denominator rows: {max(3, args.reps // 2)}, alternating with optax "
+             "again) after a compile call and a warm call, the rows called in turn each round. Cells: wall time per "
+             "call and, in brackets, optax.ctc_loss's time over this row's (> 1: faster than optax). Inputs: N(0, 1) "
+             "logits x1, x3, x10 (random labels) and "
+             + (f"a trained network's log-probs with their transcripts (`{os.path.relpath(args.logits)}`, "
+                "`model_batch`)" if args.logits else
+                "trained-like logits (generated: `trained_like_logits`; no saved log-probs were available)")
              + "; frame lengths 60-100 % of T, label lengths 0-100 % of N, ~1/3 repeated labels.", ""]
     summary = []
+    ref = "optax.ctc_loss" if optax is not None else None
     for shape in shapes:
         B, T, C, N = shape
         print(f"shape B={B} T={T} C={C} N={N}", flush=True)
-        inputs, labels, ll, fl = make_inputs(shape, args.logits)
-        ctc_rows = graph_rows(labels, ll, fl, C)
-        den_rows, ctc_rows = ctc_rows[2:], ctc_rows[:2] + ctc_reference_rows(labels, ll, fl, T, C)
-        times, comp = time_rows(ctc_rows, inputs, args.reps)
-        t2, c2 = time_rows(den_rows + [r for r in ctc_rows if r[0] == "optax.ctc_loss"], inputs,
-                           max(3, args.reps // 2))
-        times.update({k: v for k, v in t2.items() if k[0] != "optax.ctc_loss"})
-        comp.update({k: v for k, v in c2.items() if k != "optax.ctc_loss"})
+        groups = make_inputs(shape, args.logits)
+
+        def make_rows(labels, ll, fl):
+            rows = graph_rows(labels, ll, fl, C)
+            return rows[:2] + ctc_reference_rows(labels, ll, fl, T, C), rows[2:]
+        times, comp, row_names, fns = time_groups(groups, make_rows, args.reps, max(3, args.reps // 2))
+        inputs = {k: v for g in groups for k, v in g[0].items()}
         names = list(inputs)
-        ref = "optax.ctc_loss" if optax is not None else None
         lines += [f"## B={B}, T={T}, C={C}, N={N}", ""]
-        lines += table(shape, times, comp, [n for n, _ in ctc_rows] + [n for n, _ in den_rows], names, ref)
+        lines += table(shape, times, comp, row_names, names, ref, den_names=row_names[-4:])
+        ctc_names = [n for n in row_names[:len(row_names) - 4] if "beam=10" not in n]
         lines += ["", "Sum of the losses (the same numbers from every CTC row): " + "; ".join(
-            f"{iname}: " + " / ".join(f"{float(fn(x)[0]):.6g}" for rname, fn in ctc_rows if "beam=10" not in rname)
+            f"{iname}: " + " / ".join(f"{float(fns[iname][n](x)[0]):.6g}" for n in ctc_names)
             for iname, x in inputs.items()) + " (graph exact / dedicated" + (" / optax)" if ref else ")"), ""]
-        g, dedicated = ctc_rows[0][0], ctc_rows[2][0]
+        g, dedicated = row_names[0], row_names[2]
         parts = []
         if ref:
             lo, hi = ratio_summary(times, names, g, ref)
             parts.append(f"graph ctc_loss (exact) {lo:.2f}-{hi:.2f}x optax's speed")
         lo, hi = ratio_summary(times, names, g, dedicated)      # dedicated's time / graph's time
         parts.append(f"{1 / hi:.2f}-{1 / lo:.2f}x the dedicated CTC path's time")
-        for dname, _ in den_rows:
+        for dname in row_names[-4:]:
             if ref and dname.endswith("output_beam=inf"):
-                lo, hi = ratio_summary(times, names, dname, ref)
+                lo, hi = ratio_summary(times, names, dname, DEN_REF)
                 parts.append(f"{dname.split(' (')[0]} (exact) {1 / hi:.1f}-{1 / lo:.1f}x optax's CTC time")
         summary.append(f"({B}, {T}, {C}, {N}): " + "; ".join(parts))
     lines += ["Summary (least favourable input - most favourable, over the inputs above):", ""]
     lines += [f"- {s}" for s in summary]
     lines += ["", "The denominator rows take the XLA loops on CPU (`implementation='auto'`); the phone-bigram graph is "
               "state-labelled (per-state emissions, occupancy gradients), the random phone-loop graph takes the "
-              "general arc path.  Reproduce: `python bench/fsa.py --out bench/results/fsa.md`.", ""]
+              "general arc path; their ratios are to optax timed in the same alternation.  Reproduce: "
+              "`python bench/fsa.py --out bench/results/fsa.md`.", ""]
     return "\n".join(lines)
 
 
@@ -398,15 +468,18 @@ def run_pallas(args, interpret):
     for shape in shapes:
         B, T, C, N = shape
         print(f"shape B={B} T={T} C={C} N={N} on {name}", flush=True)
-        inputs, labels, ll, fl = make_inputs(shape, args.logits)
-        xla = graph_rows(labels, ll, fl, C, "xla")
-        pallas = graph_rows(labels, ll, fl, C, "pallas")
-        refs = ctc_reference_rows(labels, ll, fl, T, C) + ([] if interpret else torch_rows(labels, ll, fl))
-        rows = [r for pair in zip(pallas, xla) for r in pair] + refs
-        times, comp = time_rows(rows, inputs, args.reps)
+        groups = make_inputs(shape, args.logits)
+
+        def make_rows(labels, ll, fl):
+            xla = graph_rows(labels, ll, fl, C, "xla")
+            pallas = graph_rows(labels, ll, fl, C, "pallas")
+            refs = ctc_reference_rows(labels, ll, fl, T, C) + ([] if interpret else torch_rows(labels, ll, fl))
+            return [r for pair in zip(pallas, xla) for r in pair] + refs, []
+        times, comp, row_names, fns = time_groups(groups, make_rows, args.reps)
+        inputs = {k: v for g in groups for k, v in g[0].items()}
         lines += [f"## B={B}, T={T}, C={C}, N={N}", "", "| computation | " + " | ".join(inputs) + " | compile |",
                   "|---" * (len(inputs) + 2) + "|"]
-        for rname, _ in rows:
+        for rname in row_names:
             cells = []
             for iname in inputs:
                 t = times[(rname, iname)][0]
@@ -414,11 +487,14 @@ def run_pallas(args, interpret):
                 ratio = f" ({times[(peer, iname)][0] / t:.2f}x)" if peer != rname else ""
                 cells.append(f"{t * 1e3:.2f} ms{ratio}")
             lines.append(f"| {rname} | " + " | ".join(cells) + f" | {comp[rname]:.1f} s |")
-        for p, x in zip(pallas, xla):          # the same numbers (loss) from both paths
+        for rname in row_names:                 # the same numbers (loss) from both paths
+            if not rname.endswith(", pallas"):
+                continue
             for iname, v in inputs.items():
-                lp_, lx = float(p[1](v)[0]), float(x[1](v)[0])
+                lp_ = float(fns[iname][rname](v)[0])
+                lx = float(fns[iname][rname.replace(", pallas", ", xla")](v)[0])
                 if not math.isclose(lp_, lx, rel_tol=1e-5, abs_tol=1e-3):
-                    lines.append(f"\nMISMATCH {p[0]} on {iname}: pallas {lp_} vs xla {lx}")
+                    lines.append(f"\nMISMATCH {rname} on {iname}: pallas {lp_} vs xla {lx}")
         lines.append("")
     return "\n".join(lines)
 
@@ -427,14 +503,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="*", default=None, help="B,T,C,N entries")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--logits", default=None, help=".npz of real logits (key 'logits' or 'lp', [N, T, C])")
+    ap.add_argument("--logits", default=None, help="a trained network's log-probs (.npz, see `model_batch`; "
+                    "default: bench/data/fsdd_ctc_logprobs.npz when present)")
     ap.add_argument("--gpu", action="store_true", help="Pallas vs XLA on the GPU")
     ap.add_argument("--interpret", action="store_true", help="the --gpu rows in interpret mode on CPU (smoke test)")
     ap.add_argument("--out", default=None, help="write the markdown report here")
     args = ap.parse_args()
-    if args.logits is None:
-        default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "logits.npz")
-        args.logits = default if os.path.exists(default) else None
+    if args.logits is None and os.path.exists(MODEL_FILE):
+        args.logits = MODEL_FILE
     if args.gpu or args.interpret:
         text = run_pallas(args, interpret=args.interpret and not args.gpu)
         if args.gpu and args.out is None:
