@@ -439,7 +439,7 @@ def report_section(inp, args, meas, load_before, load_after, up_before):
     if setup["flashlight_error"]:
         lines += [f"flashlight-text could not be used: `{setup['flashlight_error']}`", ""]
     lines += ["### Speed (batch call vs one utterance after another; the same reps, interleaved)", "",
-              "| jasr row | tokens / frame | jasr s / batch | jasr first call s | peer | peer s / batch | speed-up "
+              "| jasr row | tokens / frame | jasr ms / batch | jasr first call s | peer | peer ms / batch | speed-up "
               "median (least favourable - best rep) | CPU-time speed-up |",
               "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for key in (k for k in out if not k.startswith(("pyctcdecode", "flashlight"))):
@@ -448,8 +448,9 @@ def report_section(inp, args, meas, load_before, load_after, up_before):
             m, lo, hi = ratios(out[peer]["wall"], mine["wall"])
             c = statistics.median(out[peer]["cpu"]) / statistics.median(mine["cpu"])
             cap = topk if topk == "auto" else "<= " + topk
-            lines.append(f"| {name} | {cap} | {statistics.median(mine['wall']):.3f} | {out[key]['compile']:.1f} | "
-                         f"{peer} | {med[peer]:.3f} | {m:.1f}x ({lo:.1f}x - {hi:.1f}x) | {c:.1f}x |")
+            lines.append(f"| {name} | {cap} | {1e3 * statistics.median(mine['wall']):.1f} | "
+                         f"{out[key]['compile']:.1f} | {peer} | {1e3 * med[peer]:.1f} | {m:.1f}x ({lo:.1f}x - "
+                         f"{hi:.1f}x) | {c:.1f}x |")
     goal = []
     for key in (k for k in out if k.startswith("lm")):
         m, lo, hi = ratios(out["pyctcdecode/lm"]["wall"], out[key]["paired"]["pyctcdecode/lm"]["wall"])
