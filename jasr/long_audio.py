@@ -23,15 +23,13 @@ segment sizes, not by the length of the file:
   :func:`join_segments` joins their texts with time offsets.
 
 :func:`task_log_probs_fn` and :func:`task_segment_decoder` build the per-window / per-segment functions from a
-:class:`jasr.tasks.Task` (its ``ctc_logits``, ``greedy_decode`` and ``beam_decode``).
+:class:`jasr.tasks.Task` (its ``ctc_log_probs``, ``greedy_decode`` and ``beam_decode``).
 """
 from __future__ import annotations
 
-import inspect
 from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import soundfile as sf
 import soxr
@@ -201,7 +199,7 @@ def iter_chunked_log_probs(log_probs_fn: Callable, blocks: Iterable[np.ndarray],
     c, lc, s = int(chunk_frames), int(left_context), int(subsampling)
     w = lc + c + int(right_context)
     buf, buf0, seen, done = None, 0, 0, False
-    pending: list[tuple[int, int, np.ndarray, bool]] = []     # (chunk k, window start, window rows, last chunk)
+    pending: list[tuple[int, int, np.ndarray, bool]] = []     # (chunk k, window start, rows, window ends the file)
     it = iter(blocks)
 
     def run(batch) -> Iterator[np.ndarray]:
@@ -214,11 +212,11 @@ def iter_chunked_log_probs(log_probs_fn: Callable, blocks: Iterable[np.ndarray],
         if lp.ndim != 3 or out_pads.shape != lp.shape[:2] or lp.shape[0] != batch_size:
             raise ValueError(f"log_probs_fn must return ([B, W', V], [B, W']) for B={batch_size}, got "
                              f"{lp.shape} and {out_pads.shape}")
-        for r, (k, ws, _, last) in enumerate(batch):
+        for r, (k, ws, _, at_end) in enumerate(batch):
             n_out = int(np.sum(out_pads[r] < 0.5))
             lo = (k * c - ws) // s
             hi = lo + c // s
-            if not last and hi > n_out:
+            if not at_end and hi > n_out:      # a window inside the file must give its chunk's frames
                 raise ValueError(f"right_context={right_context} is too small: a window of {w} input frames gives "
                                  f"{n_out} output frames, its chunk needs {hi}")
             yield lp[r, lo:min(hi, n_out)].astype(np.float32)
@@ -242,7 +240,7 @@ def iter_chunked_log_probs(log_probs_fn: Callable, blocks: Iterable[np.ndarray],
         if buf is None or k * c >= seen:
             break
         last = done and (k + 1) * c >= seen
-        pending.append((k, ws, buf[ws - buf0:ws - buf0 + w], last))
+        pending.append((k, ws, buf[ws - buf0:ws - buf0 + w], done and ws + w >= seen))
         if len(pending) == batch_size or last:
             yield from run(pending)
             pending = []
@@ -274,26 +272,18 @@ def chunked_ctc_log_probs(log_probs_fn: Callable, features: np.ndarray, *, chunk
 
 
 def task_log_probs_fn(task, state, *, raw_audio: bool) -> Callable:
-    """The jitted window function of a CTC task for :func:`iter_chunked_log_probs`: (x, paddings) -> (log_probs
-    float32, paddings) through ``task.ctc_logits`` with batch keys ``audio`` / ``audio_paddings`` (`raw_audio`:
-    a waveform model, which normalises each window on its own) or ``features`` / ``feature_paddings`` (features
-    computed and normalised by the caller, e.g. :func:`stream_features`: the task's front end then passes them
-    through). `state`: anything with ``params`` and ``model_state`` (a TrainState)."""
-    fn = getattr(task, "ctc_logits", None)
-    if fn is None:
-        raise ValueError(f"task {task.name!r} has no CTC head (ctc_logits): decode it with split_on_silence + "
-                         f"decode_segments")
+    """The jitted window function of a task with a CTC head for :func:`iter_chunked_log_probs`: (x, paddings) ->
+    (log_probs float32, paddings) through ``task.ctc_log_probs`` with batch keys ``audio`` / ``audio_paddings``
+    (`raw_audio`: a waveform model, which normalises each window on its own) or ``features`` / ``feature_paddings``
+    (features computed and normalised by the caller, e.g. :func:`stream_features`: the task's front end then
+    passes them through). `state`: anything with ``params`` and ``model_state`` (a TrainState)."""
+    if not task.has_ctc_head:
+        raise ValueError(f"task {task.name!r} has no CTC head: decode it with split_on_silence + decode_segments")
     keys = ("audio", "audio_paddings") if raw_audio else ("features", "feature_paddings")
-    with_state = "model_state" in inspect.signature(fn).parameters
 
     @jax.jit
     def apply(params, model_state, x, pads):
-        batch = {keys[0]: x, keys[1]: pads}
-        if with_state:
-            (logits, out_pads), _ = fn(params, model_state, batch)
-        else:
-            logits, out_pads = fn(params, batch)
-        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), out_pads
+        return task.ctc_log_probs(params, model_state, {keys[0]: x, keys[1]: pads})
 
     return lambda x, pads: apply(state.params, state.model_state, x, pads)
 

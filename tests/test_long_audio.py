@@ -148,6 +148,17 @@ def test_chunked_equals_whole_file_without_attention(conformer, t, batch, block)
     assert all(len(q) <= 32 // cfg.subsampling for q in parts)
 
 
+def test_file_ending_inside_a_right_context(conformer):
+    """A file that ends 2 frames into chunk 1's right context: its window is cut short by the file's end, its chunk
+    gets the frames the file has (valid convolutions give fewer), and the total is the whole file's."""
+    cfg, params, fn, feats = conformer
+    p = _zero_attention(params)
+    x = feats[:66]
+    got = chunked_ctc_log_probs(lambda a, pad: fn(p, a, pad), x, chunk_frames=32, left_context=32, right_context=32,
+                                subsampling=cfg.subsampling)
+    np.testing.assert_allclose(got, _whole(fn, p, x), atol=2e-5)
+
+
 def test_chunked_with_attention(conformer):
     """Full self-attention (random weights: diffuse attention, the hardest case) is approximated, better with more
     context; a window that covers the whole file gives whole-file log-probs (its padding is masked)."""
