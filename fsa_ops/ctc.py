@@ -9,32 +9,31 @@ How it is computed (probability semiring; log-domain results):
     array: rows 0..B-1 consume frame t, rows B..2B-1 consume frame T-1-t with their states stored
     in reverse order, so that every row takes mass from positions p-1 and p-2 and one step function
     serves both directions (`fsa_ops.ctc_lattice` holds the lattice in these coordinates). Each
-    loop iteration runs one frame and renormalises; the removed log-scales are kept apart.
-  * ``method='log'`` (`fsa_ops.ctc_log`) is the exact log-semiring recursion (three-way
-    logsumexp) over an emission table ``lp[b, t, s] = log p(ext[b, s] | frame t)`` [B, T, S]
-    gathered once from the logits (a row-wise gather of S columns per frame, never a one-hot
-    product over K); float32 keeps its absolute precision for T in the thousands because every
-    frame is shifted back to max 0.
+    loop iteration runs one frame and renormalises; the removed log-scales are kept apart. On GPU
+    the loop is one Pallas kernel (`fsa_ops.pallas_ctc`; ``implementation``).
+  * ``method='log'`` (the default; `fsa_ops.ctc_log`) is the exact log-semiring recursion: the
+    three-way log-add per state with one max (two exps and a log), over emissions
+    ``lp[b, t, s] = log p(ext[b, s] | frame t)`` gathered once from the logits (a row-wise gather of
+    S columns per frame, never a one-hot product); every frame is shifted back to max 0, so float32
+    keeps its absolute precision for T in the thousands.
   * ``method='scaled'`` (`fsa_ops.ctc_scaled`) runs on probabilities (multiply-add in the loop, no
-    exp/log per state); its range between states within a frame is ~80 nats, and that is NOT only
-    a matter of extreme logits: with long label sequences and uninformative logits (an untrained
-    model) the states that the best complete paths pass through often sit >80 nats below the
-    frame's best prefix, and 'scaled' then loses most of the mass.
+    exp/log per state); its range between states within a frame is ~80 nats, and that is NOT only a
+    matter of extreme logits: with long label sequences, peaky (x3, x10) or uninformative logits the
+    states that the best complete paths pass through often sit >80 nats below the frame's best
+    prefix, and 'scaled' then loses mass (measured: 873.31 against the exact 872.15 at (32, 250, 32,
+    60), N(0, 1) x3).
   * ``method='auto'`` runs 'scaled', checks that the totals from alpha and from beta agree, that no
     alignable sequence lost its mass and that no emission of a valid state was flushed (that one
     loses the same paths in both directions), and otherwise recomputes the batch with 'log'
-    (``lax.cond``); it is exact, and fast when 'scaled' suffices (short or confident sequences).
-    The default (method=None, `default_method`) is 'auto' for vocabularies up to 128 classes and
-    'log' above.
-  * Exponentials of arguments below -80 are flushed to 0 (`fsa_ops.scores.exp_flushed`): float32
-    subnormals are slow on x86 and such terms cannot change a sum that contains exp(0) = 1.
+    (``lax.cond``). The check is a heuristic, not a proof, and a batch that fails it pays for both
+    recursions, so 'auto' is not the default (`default_method`).
   * The gradient (``jax.custom_vjp``) needs no further recursion: the loop stores alpha (including
     frame t) and beta before frame t's emission, so the occupancies are
     ``gamma[t, s] = alpha[t, s] * beta_excl[t, s] / Z``; the tables' log-scales are put back per
-    frame (split over both factors, so that neither overflows) and gamma is renormalised over s
-    within each frame (where it sums to 1), so that the rounding of long running sums cancels.
-    Blank occupancies are summed into the blank column, label occupancies scatter-added onto the
-    label ids. Memory is O(B*T*(2N+1)) besides the [B, T, K] gradient.
+    frame and gamma is renormalised over s within each frame (where it sums to 1), so that the
+    rounding of long running sums cancels. Blank occupancies are summed into the blank column,
+    label occupancies scatter-added onto the label ids. Memory is O(B*T*(2N+1)) besides the
+    [B, T, K] gradient.
 
 Conventions: ``logit_paddings`` / ``label_paddings`` are optax-style (1.0 = padded, 0.0 = valid).
 Padded frames may sit anywhere (they are skipped, as in optax); labels must be right-padded.
@@ -56,6 +55,7 @@ import numpy as np
 from fsa_ops.ctc_lattice import CtcLattice, log_normaliser, row_sum
 from fsa_ops.ctc_log import log_occupancy, run_log
 from fsa_ops.ctc_scaled import run_scaled, scaled_occupancy, scaled_parts
+from fsa_ops.pallas_ctc import IMPLEMENTATIONS
 from fsa_ops.scores import is_traced
 
 __all__ = [
@@ -64,12 +64,11 @@ __all__ = [
     "ctc_occupancy",
     "check_ctc_inputs",
     "METHODS",
+    "IMPLEMENTATIONS",
     "default_method",
 ]
 
 METHODS = ("auto", "scaled", "log")
-# method=None picks 'auto' up to this vocabulary size, 'log' above (see `default_method`).
-_SMALL_VOCABULARY = 128
 # 'auto' falls back to the log recursion when |logZ_alpha - logZ_beta| exceeds this
 # (absolute nats + relative part for very long sequences, where float32 scale sums round).
 _AUTO_ABS_TOL = 1e-4
@@ -160,7 +159,8 @@ def _needs_log_recursion(lat: CtcLattice, log_z):
 
 
 def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
-                         log_probs: bool = False, method: str = "log", store_tables: bool = True):
+                         log_probs: bool = False, method: str = "log", store_tables: bool = True,
+                         implementation: str = "xla"):
     """Runs the fused forward-backward recursion (no input checks; see `ctc_nll`).
 
     Returns (lattice, tables, log_z [B], used_log []): tables are method-specific (the module
@@ -171,15 +171,18 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
     scaled run lost mass: log_z then comes from the log recursion, the tables stay those of the
     scaled run and `ctc_occupancy` recomputes them (so only [B] values, not tables, pass through
     `lax.cond`). store_tables=False: only log_z is computed (tables is None), in a loop that
-    writes no tables (faster when no gradient is wanted).
+    writes no tables (faster when no gradient is wanted). implementation: how the log recursion
+    runs, 'xla' (a loop of fused XLA kernels), 'pallas' (`fsa_ops.pallas_ctc`: one kernel launch;
+    interpreted on CPU) or 'auto' (Pallas on GPU, XLA elsewhere); 'pallas' needs method='log'.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    _check_implementation(implementation, method)
     lat = CtcLattice.build(logits, logit_paddings, labels, label_paddings, blank_id)
     batch = lat.shape[0]
     if method == "log":
         lat = lat.with_log_norm(*log_normaliser(logits, log_probs))
-        tables, log_z = run_log(lat, lat.emissions(logits), store_tables)
+        tables, log_z = _run_log(lat, logits, store_tables, implementation)
         used_log = jnp.array(True)
     else:
         tables, log_z, log_norm, bad_frames = run_scaled(lat, logits, log_probs, store_tables,
@@ -188,24 +191,29 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
         used_log = jnp.array(False)
         if method == "auto":   # (the fallback needs only log_z; ctc_occupancy recomputes tables)
             used_log = jnp.any(_needs_log_recursion(lat, log_z))
-            log_z = jax.lax.cond(used_log, lambda: run_log(lat, lat.emissions(logits), store=False)[1],
-                                 lambda: log_z)
+            log_z = jax.lax.cond(used_log, lambda: _run_log(lat, logits, False, implementation)[1], lambda: log_z)
     log_z = jnp.where(lat.feasible, log_z[:batch], -jnp.inf)
     log_z = jnp.where(lat.nan_rows, jnp.nan, log_z)
     return lat, tables, log_z, used_log
 
 
-def ctc_occupancy(lat: CtcLattice, logits, tables, log_z, used_log, method: str = "log"):
+def _run_log(lat: CtcLattice, logits, store: bool, implementation: str):
+    """The log recursion (`fsa_ops.ctc_log`) on `lat` (with its log_norm): (tables or None, log_z [2B])."""
+    return run_log(lat, lat.emissions(logits), store=store, implementation=implementation)
+
+
+def ctc_occupancy(lat: CtcLattice, logits, tables, log_z, used_log, method: str = "log", implementation: str = "xla"):
     """State occupancies gamma [B, T, S] = P(the path is in state s at frame t): 0 on padded frames,
     padding states and sequences with log_z = -inf; NaN on the valid frames of rows whose loss is
     NaN (`CtcLattice.nan_rows`). `tables`, `log_z`, `used_log` as returned by
-    `ctc_forward_backward` with the same `method` (and `logits`, read only when 'auto' fell back).
+    `ctc_forward_backward` with the same `method` (and `logits`, read only when 'auto' fell back;
+    `implementation` runs that recomputation).
 
     gamma[t] = alpha[t] * beta_excl[t] / Z, with the tables' scales put back from their running sums
     and the result renormalised over s within each frame (where it sums to 1), so that the
     rounding of the long running sums cancels: float32 precision for any T.
     """
-    occupancy = _by_method(lat, logits, tables, used_log, method,
+    occupancy = _by_method(lat, logits, implementation, tables, used_log, method,
                            lambda log_tables: log_occupancy(lat, log_tables, log_z),
                            lambda scaled_tables: scaled_occupancy(lat, scaled_tables, log_z))
     return jnp.where(_nan_frames(lat)[:, :, None], jnp.nan, occupancy)
@@ -217,29 +225,30 @@ def _nan_frames(lat: CtcLattice):
     return lat.nan_rows[:, None] & lat.frame_valid
 
 
-def _occupancy_parts(lat: CtcLattice, logits, tables, log_z, used_log, method: str):
+def _occupancy_parts(lat: CtcLattice, logits, implementation: str, tables, log_z, used_log, method: str):
     """(label [B, T, N], blank [B, T]): the renormalised occupancies of the label states and their
     sum over the blank states, what the gradient needs (0 where the frame is padded or log_z is
     infinite). 'log' renormalises gamma in one fused pass; the scaled tables take the total and the
     blank sum from one matrix product and scale only the label states."""
-    return _by_method(lat, logits, tables, used_log, method,
+    return _by_method(lat, logits, implementation, tables, used_log, method,
                       lambda log_tables: _parts_of_normalised(log_occupancy(lat, log_tables, log_z)),
                       lambda scaled_tables: scaled_parts(lat, scaled_tables, log_z))
-
-
-def _by_method(lat: CtcLattice, logits, tables, used_log, method: str, from_log, from_scaled):
-    """from_log(log tables) or from_scaled(scaled tables), as `method` made `tables`; 'auto' that
-    fell back (used_log) recomputes the log tables inside a `lax.cond`."""
-    if method == "auto":
-        return jax.lax.cond(used_log, lambda: from_log(run_log(lat, lat.emissions(logits))[0]),
-                            lambda: from_scaled(tables))
-    return from_log(tables) if method == "log" else from_scaled(tables)
 
 
 def _parts_of_normalised(occupancy):
     """(label [B, T, N], blank [B, T]) of occupancies already renormalised over the states."""
     blank_weights = (jnp.arange(occupancy.shape[-1]) % 2 == 0).astype(jnp.float32)
     return occupancy[:, :, 1::2], row_sum(occupancy, blank_weights)
+
+
+def _by_method(lat: CtcLattice, logits, implementation: str, tables, used_log, method: str, from_log,
+               from_scaled):
+    """from_log(log tables) or from_scaled(scaled tables), as `method` made `tables`; 'auto' that
+    fell back (used_log) recomputes the log tables inside a `lax.cond`."""
+    if method == "auto":
+        return jax.lax.cond(used_log, lambda: from_log(_run_log(lat, logits, True, implementation)[0]),
+                            lambda: from_scaled(tables))
+    return from_log(tables) if method == "log" else from_scaled(tables)
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,23 +259,25 @@ def _nll_from(lat: CtcLattice, log_z):
     return jnp.where(lat.nan_rows, jnp.nan, nll)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method, implementation):
     lat, _, log_z, _ = ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_id,
-                                            log_probs=log_probs, method=method, store_tables=False)
+                                            log_probs=log_probs, method=method, store_tables=False,
+                                            implementation=implementation)
     return _nll_from(lat, log_z)
 
 
-def _ctc_nll_fwd(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method):
+def _ctc_nll_fwd(logits, logit_paddings, labels, label_paddings, blank_id, log_probs, method, implementation):
     lat, tables, log_z, used_log = ctc_forward_backward(
-        logits, logit_paddings, labels, label_paddings, blank_id, log_probs=log_probs, method=method)
+        logits, logit_paddings, labels, label_paddings, blank_id, log_probs=log_probs, method=method,
+        implementation=implementation)
     return _nll_from(lat, log_z), (logits, lat, tables, log_z, used_log)
 
 
-def _ctc_nll_bwd(blank_id, log_probs, method, residuals, upstream):
+def _ctc_nll_bwd(blank_id, log_probs, method, implementation, residuals, upstream):
     logits, lat, tables, log_z, used_log = residuals
     batch, frames, classes, _ = lat.shape
-    label_occ, blank_occ = _occupancy_parts(lat, logits, tables, log_z, used_log, method)
+    label_occ, blank_occ = _occupancy_parts(lat, logits, implementation, tables, log_z, used_log, method)
     scale = jnp.where(jnp.isfinite(log_z), upstream.astype(jnp.float32), 0.0)[:, None]       # [B, 1]
     # d nll / d logits = softmax * g - g * occupancy summed onto the class ids. Blank states (even)
     # sum into the blank column inside the elementwise pass; label states (odd) are scatter-added
@@ -292,17 +303,26 @@ _ctc_nll.defvjp(_ctc_nll_fwd, _ctc_nll_bwd)
 
 
 def default_method(num_classes: int) -> str:
-    """The recursion used when method=None, from the vocabulary size K (both choices are exact).
+    """The recursion used when method=None: 'log' for every vocabulary size K.
 
-    Small K: the per-frame loop dominates and the rescaled recursion (with the exact log fallback,
-    'auto') is faster. Large K: the O(B*T*K) softmax, gather and gradient dominate, and long label
-    sequences with uninformative logits make 'auto' fall back (paying twice), so 'log'.
+    'log' is exact for any input. 'scaled' can lose mass on peaky or long inputs, and 'auto' (which
+    detects that from the alpha/beta totals and recomputes with 'log') then pays twice: on N(0, 1)
+    logits x3 and x10 at (32, 250, 32, 60) it fell back on every batch. (K is kept as the argument
+    so that callers need not change if a size-dependent choice returns.)
     """
-    return "auto" if num_classes <= _SMALL_VOCABULARY else "log"
+    del num_classes
+    return "log"
+
+
+def _check_implementation(implementation: str, method: str) -> None:
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
+    if implementation == "pallas" and method != "log":
+        raise ValueError(f"implementation='pallas' runs the log recursion only; got method={method!r}")
 
 
 def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
-            log_probs: bool = False, method: str | None = None):
+            log_probs: bool = False, method: str | None = None, implementation: str = "auto"):
     """Per-sequence CTC negative log-likelihood [B] (probability semiring), differentiable in logits.
 
     logits [B, T, K] (any float dtype; accumulation in float32, gradient in the input dtype),
@@ -315,12 +335,15 @@ def ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *
     valid labels are out of [0, K) or equal to blank_id (an error instead on concrete labels).
     Under jit nothing is checked per call (no host sync): to find the cause of a NaN row, call
     ``check_ctc_inputs(..., finite_logits=True)`` on host copies of the inputs.
-    method: 'auto' | 'scaled' | 'log' (see the module docstring), or None for `default_method(K)`.
+    method: 'log' | 'scaled' | 'auto' (see the module docstring), or None for `default_method(K)` ('log').
+    implementation: 'auto' (the Pallas kernel of `fsa_ops.pallas_ctc` on GPU, XLA elsewhere), 'pallas'
+    (method 'log' only; interpreted on CPU: slow, for tests) or 'xla'.
     """
     check_ctc_inputs(logits, logit_paddings, labels, label_paddings, blank_id)
     if method is None:
         method = default_method(logits.shape[-1])
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    _check_implementation(implementation, method)
     return _ctc_nll(logits, jnp.asarray(logit_paddings), jnp.asarray(labels), jnp.asarray(label_paddings),
-                    int(blank_id), bool(log_probs), method)
+                    int(blank_id), bool(log_probs), method, implementation)

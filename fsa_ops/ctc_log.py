@@ -1,11 +1,11 @@
-"""The log-semiring CTC recursion of `fsa_ops.ctc` (``method='log'``): exact for any logits.
+"""The log-semiring CTC recursion of `fsa_ops.ctc` (``method='log'``, the default): exact for any logits.
 
 Runs on the rows of a `fsa_ops.ctc_lattice.CtcLattice` (R = 2B: forward rows, then backward rows
-state-reversed), one frame per loop iteration: `log_ctc_step` (a three-way logsumexp per state,
-``-inf`` = impossible) and then `log_renormalise`, which shifts every row back to max 0 and keeps
-the removed log-scales apart, so that float32 keeps its absolute precision for T in the
-thousands.  The emission table ``lp [B, T, S]`` (`CtcLattice.emissions`) is gathered before the
-loop.
+state-reversed), one frame per loop iteration: `log_ctc_step` (a three-way log-add per state with
+one max: two exps and a log; ``-inf`` = impossible) and then `log_renormalise`, which shifts every
+row back to max 0 and keeps the removed log-scales apart, so that float32 keeps its absolute
+precision for T in the thousands.  The emission table ``lp [B, T, S]`` (`CtcLattice.emissions`) is
+gathered before the loop.
 
 `run_log` returns (tables, log_z [R]); log_z is the total log-likelihood per row (rows b and B+b
 compute it independently).  The tables are (alpha [B, T, S], beta [B, T, S], scale_f [B, T],
@@ -18,6 +18,9 @@ scale_b [B, T]) in natural frame and state order:
 so that occupancies need no division by the emission (`log_occupancy`): the true log values are
 ``alpha[b, t] + sum_{t' <= t} scale_f[b, t']`` and ``beta[b, t] + sum_{t' > t} scale_b[b, t']``,
 and ``gamma[t, s] = alpha[t, s] * beta[t, s] / Z``.
+
+``implementation='pallas'`` (or 'auto' on GPU) runs the frame loop as one Pallas kernel
+(`fsa_ops.pallas_ctc`, backward rows in natural state order) and returns the same tables.
 """
 from __future__ import annotations
 
@@ -25,27 +28,36 @@ import jax
 import jax.numpy as jnp
 
 from fsa_ops.ctc_lattice import CtcLattice, normalise_over_states
-from fsa_ops.scores import exp_flushed, shift_states
+from fsa_ops.pallas_ctc import ctc_loop_pallas, use_pallas
+from fsa_ops.scores import EXP_FLOOR, exp_flushed, shift_states
 
-__all__ = ["log_ctc_step", "log_renormalise", "run_log", "log_occupancy"]
+__all__ = ["log_ctc_step", "log_renormalise", "run_log", "log_occupancy", "natural_row_masks"]
 
 
-def log_ctc_step(log_alpha, lp, valid, skip):
-    """One CTC frame in the log semiring (-inf = impossible).
+def log_ctc_step(log_alpha, lp, valid, skip, semiring: str = "log"):
+    """One CTC frame in the log semiring (-inf = impossible; semiring='tropical': max instead of log-add).
 
     log_alpha [R, S] float32; lp [R, S] log-probabilities of the positions' symbols at this frame
     (-inf on padding states); valid [R] bool (False: padded frame, the row does not change);
     skip [R, S] bool (position p may be entered from p-2).
-    Returns (new_log_alpha [R, S], incoming [R, S]): incoming = logsumexp of the (up to three)
-    predecessors p, p-1, p-2; new = incoming + lp.
+    Returns (new_log_alpha [R, S], incoming [R, S]): incoming = the log-add of the (up to three)
+    predecessors p, p-1, p-2, as ``top + log(1 + exp(b - top) + exp(c - top))`` for the two terms b, c
+    that are not the max (two exps; arguments below -80 clamped: a term of 1.8e-35 cannot change a
+    sum that holds 1, and no float32 subnormals, which are slow on x86); new = incoming + lp.
     """
     neg_inf = jnp.float32(-jnp.inf)
     x1 = shift_states(log_alpha, 1, neg_inf)
     x2 = jnp.where(skip, shift_states(log_alpha, 2, neg_inf), neg_inf)
-    top = jnp.maximum(jnp.maximum(log_alpha, x1), x2)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    incoming = top + jnp.log(exp_flushed(log_alpha - top) + exp_flushed(x1 - top)
-                             + exp_flushed(x2 - top))
+    hi = jnp.maximum(log_alpha, x1)
+    top = jnp.maximum(hi, x2)
+    if semiring == "tropical":
+        incoming = top
+    else:
+        lo = jnp.minimum(log_alpha, x1)
+        other = jnp.where(x2 > hi, hi, x2)          # the terms that are not the max: `other` and lo
+        safe = jnp.where(jnp.isfinite(top), top, 0.0)
+        incoming = top + jnp.log(1.0 + jnp.exp(jnp.maximum(other - safe, EXP_FLOOR))
+                                 + jnp.exp(jnp.maximum(lo - safe, EXP_FLOOR)))
     return jnp.where(valid[:, None], incoming + lp, log_alpha), incoming
 
 
@@ -57,20 +69,65 @@ def log_renormalise(log_alpha):
     return log_alpha - offset[:, None], offset
 
 
-def run_log(lat: CtcLattice, lp, store: bool = True):
+def run_log(lat: CtcLattice, lp, store: bool = True, *, implementation: str = "xla", semiring: str = "log"):
     """The log recursion over the emissions lp [B, T, S]: (tables, log_z [R]) as the module
     docstring says; store=False: only log_z is computed (tables is None), in a loop that writes
-    no tables."""
+    no tables. implementation: 'xla', 'pallas' (interpreted on CPU) or 'auto' (Pallas on GPU).
+    semiring='tropical': Viterbi scores (log_z = the best alignment's log-probability; its tables
+    are not occupancies)."""
+    if use_pallas(implementation):
+        return _run_pallas(lat, lp, store, semiring)
     init = jnp.where(lat.start, 0.0, -jnp.inf).astype(jnp.float32)
     if store:
-        last, tables, scale_sum = _frame_loop(init, lp, lat)
+        last, tables, scale_sum = _frame_loop(init, lp, lat, semiring)
     else:
-        (last, scale_sum), tables = _total_only_loop(init, lp, lat), None
-    log_z = jax.nn.logsumexp(jnp.where(lat.final, last, -jnp.inf), axis=-1) + scale_sum
-    return tables, log_z
+        (last, scale_sum), tables = _total_only_loop(init, lp, lat, semiring), None
+    return tables, _finish(last, lat.final, scale_sum, semiring)
 
 
-def _total_only_loop(init, table, lat: CtcLattice):
+def _finish(last, final, scale_sum, semiring: str):
+    """log_z [R] from the last scores [R, S] and the sum of the removed log-scales [R]."""
+    last = jnp.where(final, last, -jnp.inf)
+    return (jnp.max(last, axis=-1) if semiring == "tropical" else jax.nn.logsumexp(last, axis=-1)) + scale_sum
+
+
+def natural_row_masks(lat: CtcLattice):
+    """(skip, start, final) [R, S] with the backward rows in NATURAL state order (the Pallas kernel's
+    layout): forward rows enter s from s-2 where the lattice's skip[s], backward rows from s+2 where
+    skip[s+2]; they start at state 0 and at the last state, and end in the last two states and in
+    states 0 and 1."""
+    batch = lat.shape[0]
+    skip = lat.skip[:batch]
+    states = jnp.arange(skip.shape[1])[None, :]
+    last = jnp.sum(lat.state_valid, axis=1, keepdims=True) - 1
+    return (jnp.concatenate([skip, jnp.concatenate([skip[:, 2:], jnp.zeros_like(skip[:, :2])], axis=1)]),
+            jnp.concatenate([jnp.broadcast_to(states == 0, skip.shape), states == last]),
+            jnp.concatenate([lat.final[:batch], (states <= 1) & lat.state_valid]))
+
+
+def _run_pallas(lat: CtcLattice, lp, store: bool, semiring: str):
+    """`run_log` through `fsa_ops.pallas_ctc.ctc_loop_pallas`, with the same tables."""
+    batch = lat.shape[0]
+    skip, start, final = natural_row_masks(lat)
+    valid = lat.frame_valid
+    table, scale, last = ctc_loop_pallas(
+        jnp.concatenate([lp, lp[:, ::-1]]), jnp.concatenate([valid, valid[:, ::-1]]), skip,
+        jnp.where(start, 0.0, -jnp.inf).astype(jnp.float32), batch=batch, semiring=semiring,
+        interpret=jax.default_backend() == "cpu")
+    scale_sum = jnp.sum(scale, axis=1)
+    log_z = _finish(last, final, scale_sum, semiring)
+    if not store:
+        return None, log_z
+    # The kernel stores the incoming sums of every frame relative to the scales removed before it and
+    # books each step's removed maximum on its natural frame. The tables of `_frame_loop` hold alpha
+    # including frame t's emission with the scales of frames <= t: the same values with the forward
+    # scales shifted by one frame (beta's convention is the kernel's).
+    alpha = jnp.where(valid[:, :, None], table[:batch] + lp, table[:batch])
+    norm_f = jnp.concatenate([jnp.zeros_like(scale[:batch, :1]), scale[:batch, :-1]], axis=1)
+    return (alpha, table[batch:], norm_f, scale[batch:]), log_z
+
+
+def _total_only_loop(init, table, lat: CtcLattice, semiring: str = "log"):
     """`_frame_loop` without tables: (last carry [R, S], sum of the removed log-scales [R]).
 
     The rows' frames are first laid out time-major in loop order ([T, R, S]: row b frame t, row
@@ -85,14 +142,14 @@ def _total_only_loop(init, table, lat: CtcLattice):
         carry, total = state
         frame_rows = jax.lax.dynamic_slice_in_dim(rows, t, 1, axis=0)
         frame_valid = jax.lax.dynamic_slice_in_dim(valid, t, 1, axis=0)
-        carry, _ = log_ctc_step(carry, frame_rows[0], frame_valid[0], lat.skip)
+        carry, _ = log_ctc_step(carry, frame_rows[0], frame_valid[0], lat.skip, semiring)
         carry, log_scale = log_renormalise(carry)
         return carry, total + log_scale
 
     return jax.lax.fori_loop(0, frames, body, (init, jnp.zeros(init.shape[:1], jnp.float32)))
 
 
-def _frame_loop(init, table, lat: CtcLattice):
+def _frame_loop(init, table, lat: CtcLattice, semiring: str = "log"):
     """Runs `log_ctc_step` and `log_renormalise` over the rows' frames of `table` [B, T, S]
     (forward rows frame t, backward rows frame T-1-t, states reversed).
 
@@ -110,12 +167,12 @@ def _frame_loop(init, table, lat: CtcLattice):
         """Frame t (forward rows) and T-1-t (backward rows)."""
         carry, (alpha, beta, norm_f, norm_b) = state
         back = frames - t - 1
-        at = lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)           # [B, 1, ...]
+        at = lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)  # noqa: E731  [B, 1, ...]
         frame = jnp.concatenate([at(table, t)[:, 0], at(table, back)[:, 0, ::-1]], axis=0)
         frame_valid = jnp.concatenate([at(valid, t)[:, 0], at(valid, back)[:, 0]], axis=0)
-        carry, incoming = log_ctc_step(carry, frame, frame_valid, lat.skip)
+        carry, incoming = log_ctc_step(carry, frame, frame_valid, lat.skip, semiring)
         carry, log_scale = log_renormalise(carry)
-        put = lambda x, row, start: jax.lax.dynamic_update_slice_in_dim(x, row[:, None], start, axis=1)
+        put = lambda x, row, start: jax.lax.dynamic_update_slice_in_dim(x, row[:, None], start, axis=1)  # noqa: E731
         return carry, (put(alpha, carry[:batch], t), put(beta, incoming[batch:, ::-1], back),
                        put(norm_f, log_scale[:batch], t), put(norm_b, log_scale[batch:], back))
 

@@ -18,7 +18,7 @@ _REDUCTIONS = ("none", "sum", "mean")
 
 def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, *,
              log_probs: bool = False, zero_infinity: bool = False, reduction: str = "none",
-             method: str | None = None):
+             method: str | None = None, implementation: str = "auto"):
     """CTC negative log-likelihood; a drop-in for ``optax.ctc_loss`` (same positional arguments).
 
     Args:
@@ -35,9 +35,11 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
         alignments have probability 0) gives loss 0 instead of +inf. Its gradient is 0 either way.
       reduction: 'none' -> [B]; 'sum' -> []; 'mean' -> mean over the batch of
         loss / max(label_length, 1) (torch's definition).
-      method: None (default: 'auto' for K <= 128, else 'log'; both exact), 'log' (log semiring),
-        'scaled' (rescaled probabilities; fast but can lose mass) or 'auto' ('scaled', recomputed
-        with 'log' when it lost mass); see ``fsa_ops.ctc``.
+      method: None (default: 'log', the exact log-semiring recursion), 'log', 'scaled' (rescaled
+        probabilities; can lose mass on peaky or long inputs) or 'auto' ('scaled', recomputed with
+        'log' when its alpha/beta totals disagree; a heuristic check); see ``fsa_ops.ctc``.
+      implementation: 'auto' (default: the Pallas kernel ``fsa_ops.pallas_ctc`` on GPU, XLA
+        elsewhere), 'pallas' (method 'log' only; interpreted on CPU, for tests) or 'xla'.
 
     Returns:
       Per-sequence loss [B] (float32) or its reduction. A row with a NaN or +inf in any class of a
@@ -62,7 +64,7 @@ def ctc_loss(logits, logit_paddings, labels, label_paddings, blank_id: int = 0, 
     if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     loss = ctc_nll(logits, logit_paddings, labels, label_paddings, blank_id,
-                   log_probs=log_probs, method=method)
+                   log_probs=log_probs, method=method, implementation=implementation)
     if zero_infinity:
         loss = jnp.where(jnp.isposinf(loss), 0.0, loss)
     if reduction == "sum":

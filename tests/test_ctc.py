@@ -377,8 +377,8 @@ def test_long_input_no_overflow():
     labels = rng.integers(1, k, size=(b, n)).astype(np.int32)
     frame_lengths, label_lengths = np.array([5000, 4321]), np.array([40, 33])
     fp, lpad = paddings_from_lengths(frame_lengths, t), paddings_from_lengths(label_lengths, n)
-    def one_sequence(x, f, l, p):    # also exercises vmap over single-sequence calls
-        return ctc_loss(x[None], f[None], l[None], p[None])[0]
+    def one_sequence(x, f, lab, p):    # also exercises vmap over single-sequence calls
+        return ctc_loss(x[None], f[None], lab[None], p[None])[0]
     loss, grad = jax.jit(jax.vmap(jax.value_and_grad(one_sequence)))(jnp.asarray(logits), fp, labels, lpad)
     ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
     assert np.all(np.isfinite(np.asarray(grad)))
@@ -406,7 +406,7 @@ def test_vmap_matches_flat_batch():
     labels = rng.integers(1, K, size=(2, B, N)).astype(np.int32)
     fp = np.stack([paddings_from_lengths([10, 9, 5, 7], T), paddings_from_lengths([3, 10, 10, 8], T)])
     lpad = np.stack([paddings_from_lengths([4, 2, 1, 0], N), paddings_from_lengths([1, 4, 3, 2], N)])
-    vmapped = jax.jit(jax.vmap(jax.grad(lambda x, f, l, p: ctc_loss(x, f, l, p).sum())))(logits, fp, labels, lpad)
+    vmapped = jax.jit(jax.vmap(jax.grad(lambda x, f, lab, p: ctc_loss(x, f, lab, p).sum())))(logits, fp, labels, lpad)
     loss, grad = loss_and_grad(logits.reshape(2 * B, T, K), fp.reshape(2 * B, T),
                                labels.reshape(2 * B, N), lpad.reshape(2 * B, N))
     np.testing.assert_allclose(np.asarray(vmapped).reshape(2 * B, T, K), np.asarray(grad), atol=1e-6)
@@ -471,8 +471,25 @@ def test_bad_input_raises_clear_error(change, message):
         ctc_loss(**args)
 
 
-def test_default_method_is_exact_for_both_vocabulary_regimes():
-    assert default_method(K) == "auto" and default_method(5000) == "log"
+def test_default_method_is_the_exact_log_recursion_for_every_vocabulary():
+    assert default_method(K) == "log" and default_method(5000) == "log"
+
+
+@pytest.mark.parametrize("scale", [3.0, 10.0])
+def test_default_method_is_exact_on_peaky_long_inputs(scale):
+    """N(0, 1) logits x3 and x10 with long label sequences (where 'scaled' loses mass): the default
+    equals torch in float64 (loss and gradient), and 'scaled' shows the loss it would have had."""
+    rng = np.random.default_rng(31)
+    b, t, k, n = 2, 120, 6, 30
+    logits = (rng.normal(size=(b, t, k)) * scale).astype(np.float32)
+    labels = rng.integers(1, k, size=(b, n)).astype(np.int32)
+    frame_lengths, label_lengths = np.array([120, 90]), np.array([30, 22])
+    fp, lpad = paddings_from_lengths(frame_lengths, t), paddings_from_lengths(label_lengths, n)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda x: jnp.sum(ctc_loss(x, fp, labels, lpad))))
+    loss, grad = value_and_grad(jnp.asarray(logits))
+    ref_loss, ref_grad = torch_ctc(logits, frame_lengths, labels, label_lengths)
+    np.testing.assert_allclose(float(loss), float(np.sum(ref_loss)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, atol=2e-4)
 
 
 def test_fsa_ops_entry_point_is_the_same_function():
