@@ -278,6 +278,7 @@ def make_lm_lookahead(lexicon: Lexicon, lm: Any, *, max_entries: int = 1 << 22) 
     return LmLookahead(jnp.asarray(np.ascontiguousarray(by_node.T)))
 
 
+@jax.jit
 def lookahead_score(lookahead: LmLookahead, states: jax.Array, node: jax.Array) -> jax.Array:
     """Look-ahead scores (float32) of trie nodes (int32, -1: outside the lexicon) in LM states (int32), broadcast."""
     n = lookahead.table.shape[1] - 1

@@ -8,17 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists
-from jasr.lexicon import lexicon_child, lookahead_score, make_lexicon, make_lm_lookahead
+from jasr.lexicon import lookahead_score, make_lexicon, make_lm_lookahead
 from jasr.ngram import read_arpa
 from tests.test_ctc_beam import (PIECE_ARPA, PIECE_WORDS, SPACE, UNK, V_BF, WIDE, WORDS, brute_force, check_nbest,
                                  draw_inputs, lm_score, random_lm, split_pieces, word_reference)
 
 
 def node_of(lex, seq):
-    node = jnp.int32(0)
+    """The trie node of a token prefix, walked on the host through the dense child table."""
+    child, node = np.asarray(lex.child), 0
     for t in seq:
-        node = lexicon_child(lex, node, jnp.int32(t))
-    return int(node)
+        node = int(child[node, t])
+    return node
 
 
 def test_table_is_the_max_over_the_words_below_each_node():
