@@ -4,7 +4,7 @@ Conventions (see DESIGN.md):
 - ``paddings`` arrays: 1.0 = padded, 0.0 = valid, shape ``[B, T]``; valid frames come first.
 - ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; layer norms, softmaxes and logits are float32.
 - Every parameter carries logical axis names (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``, ``layers`` ...)
-  through :func:`flax.linen.with_logical_partitioning`; ``nn.unbox`` gives plain arrays.
+  through :func:`models.logical.partitioned`; ``nn.unbox`` gives plain arrays.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from models.logical import constrain, partitioned
 
 Dtype = Any
 NEG_INF = float(np.finfo(np.float32).min)
@@ -34,16 +36,6 @@ def canonical_dtype(x: Any, what: str = "dtype") -> jnp.dtype:
     if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         raise ValueError(f"{what}={x!r}: expected float32, bfloat16 or float16")
     return dt
-
-
-def partitioned(init: Callable, names: Sequence[str | None]) -> Callable:
-    """An initializer whose parameter carries the logical axis ``names``."""
-    return nn.with_logical_partitioning(init, tuple(names))
-
-
-def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """Logical sharding constraint on an activation (a no-op without logical axis rules)."""
-    return nn.with_logical_constraint(x, tuple(names))
 
 
 def dense(features: int | Sequence[int], names: Sequence[str | None], *, dtype: Dtype, param_dtype: Dtype,

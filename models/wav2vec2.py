@@ -13,7 +13,7 @@ Conventions:
 - ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype; layer/group norms, softmaxes and losses are
   computed in float32.
 - Parameters carry logical axis names (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``, ``conv``, ``layers``)
-  through :func:`flax.linen.with_logical_partitioning`; ``nn.unbox`` gives plain arrays.
+  through :func:`models.logical.partitioned`; ``nn.unbox`` gives plain arrays.
 - Randomness is explicit: dropout/layerdrop draw from the ``'dropout'`` rng, SpecAugment masks from ``'mask'``
   (only when ``deterministic=False``); masks can also be passed in (``mask_time_indices``, ``mask_feature_indices``).
 - The group-norm feature encoder normalises each channel over the whole (padded) time axis, as transformers and
@@ -23,7 +23,7 @@ Conventions:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import flax.linen as nn
 import flax.struct
@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.logical import partitioned
 from models.wav2vec2_config import (  # noqa: F401  (feat_extract_output_lengths: re-exported)
     Wav2Vec2Config, activation, check_audio, feat_extract_output_lengths, frame_paddings)
 
@@ -41,11 +42,6 @@ NEG_INF = float(np.finfo(np.float32).min)
 # --------------------------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------------------------
-
-def logical_init(init: Callable, names: Sequence[str | None]) -> Callable:
-    """`init` with the parameter's logical axis names."""
-    return nn.with_logical_partitioning(init, tuple(names))
-
 
 def torch_linear_init(fan_in: int) -> Callable:
     """PyTorch's default ``nn.Linear`` init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
@@ -64,8 +60,8 @@ def w2v_dense(features, names, cfg: Wav2Vec2Config, *, name: str, axis=-1, use_b
     return nn.DenseGeneral(
         features=features, axis=axis, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
         param_dtype=jnp.dtype(cfg.param_dtype),
-        kernel_init=logical_init(kernel_init or nn.initializers.normal(cfg.initializer_range), names),
-        bias_init=logical_init(bias_init or nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
+        kernel_init=partitioned(kernel_init or nn.initializers.normal(cfg.initializer_range), names),
+        bias_init=partitioned(bias_init or nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
 
 
 class Norm(nn.Module):
@@ -81,9 +77,9 @@ class Norm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", logical_init(nn.initializers.ones_init(), (self.axis_name,)), (self.features,),
+        scale = self.param("scale", partitioned(nn.initializers.ones_init(), (self.axis_name,)), (self.features,),
                            self.param_dtype)
-        bias = self.param("bias", logical_init(nn.initializers.zeros_init(), (self.axis_name,)), (self.features,),
+        bias = self.param("bias", partitioned(nn.initializers.zeros_init(), (self.axis_name,)), (self.features,),
                           self.param_dtype)
         xf = x.astype(jnp.float32)
         axis = -2 if self.reduce_time else -1
@@ -131,7 +127,7 @@ class _Conv1d(nn.Module):
     @nn.compact
     def __call__(self, x):
         fan_in = self.in_features * self.kernel_size
-        kernel = self.param("kernel", logical_init(nn.initializers.variance_scaling(2.0, "fan_in", "normal",
+        kernel = self.param("kernel", partitioned(nn.initializers.variance_scaling(2.0, "fan_in", "normal",
                                                                                in_axis=(0, 1), out_axis=2),
                                             ("conv", None, "embed")),
                             (self.kernel_size, self.in_features, self.out_features), self.param_dtype)
@@ -139,7 +135,7 @@ class _Conv1d(nn.Module):
             x.astype(self.dtype), kernel.astype(self.dtype), window_strides=(self.stride,), padding="VALID",
             dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32)
         if self.use_bias:
-            bias = self.param("bias", logical_init(torch_linear_init(fan_in), ("embed",)), (self.out_features,),
+            bias = self.param("bias", partitioned(torch_linear_init(fan_in), ("embed",)), (self.out_features,),
                               self.param_dtype)
             y = y + bias.astype(jnp.float32)
         return y.astype(self.dtype)
@@ -193,15 +189,15 @@ class PositionalConvEmbedding(nn.Module):
         e, k, g = cfg.hidden_size, cfg.num_conv_pos_embeddings, cfg.num_conv_pos_embedding_groups
         pdt, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         std = 2.0 * math.sqrt(1.0 / (k * e))
-        v = self.param("weight_v", logical_init(nn.initializers.normal(std), ("conv", None, "embed")),
+        v = self.param("weight_v", partitioned(nn.initializers.normal(std), ("conv", None, "embed")),
                        (k, e // g, e), pdt)
 
         def g_init(key, shape, dtype=jnp.float32):
             vv = nn.unbox(v).astype(jnp.float32)
             return jnp.sqrt(jnp.sum(jnp.square(vv), axis=(1, 2))).astype(dtype)
 
-        wg = self.param("weight_g", logical_init(g_init, ("conv",)), (k,), pdt)
-        b = self.param("bias", logical_init(nn.initializers.zeros_init(), ("embed",)), (e,), pdt)
+        wg = self.param("weight_g", partitioned(g_init, ("conv",)), (k,), pdt)
+        b = self.param("bias", partitioned(nn.initializers.zeros_init(), ("embed",)), (e,), pdt)
         vf = v.astype(jnp.float32)
         w = vf * (wg.astype(jnp.float32) / jnp.sqrt(jnp.sum(jnp.square(vf), axis=(1, 2))))[:, None, None]
         y = jax.lax.conv_general_dilated(
@@ -445,7 +441,7 @@ class Wav2Vec2Model(nn.Module):
 
         has_embed = cfg.mask_time_prob > 0.0 or cfg.mask_feature_prob > 0.0
         if has_embed:
-            embed = self.param("masked_spec_embed", logical_init(nn.initializers.uniform(1.0), ("embed",)),
+            embed = self.param("masked_spec_embed", partitioned(nn.initializers.uniform(1.0), ("embed",)),
                                (cfg.hidden_size,), jnp.dtype(cfg.param_dtype))
         if cfg.apply_spec_augment:
             need_t = mask_time_indices is None and cfg.mask_time_prob > 0

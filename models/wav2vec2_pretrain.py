@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
-from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2Model, w2v_dense, logical_init, torch_linear_init,
+from models.logical import partitioned
+from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2Model, w2v_dense, torch_linear_init,
                              compute_mask_indices, feat_extract_output_lengths, frame_paddings, spec_augment_masks)
 
 __all__ = [
@@ -114,7 +115,7 @@ class GumbelVectorQuantizer(nn.Module):
         g, v = cfg.num_codevector_groups, cfg.num_codevectors_per_group
         logits = w2v_dense(g * v, ("embed", "vocab"), cfg, name="weight_proj",
                         kernel_init=nn.initializers.normal(1.0))(x)
-        codebook = self.param("codevectors", logical_init(nn.initializers.uniform(1.0), (None, "vocab", "embed")),
+        codebook = self.param("codevectors", partitioned(nn.initializers.uniform(1.0), (None, "vocab", "embed")),
                               (1, g * v, cfg.codevector_dim // g), jnp.dtype(cfg.param_dtype))
         logits = logits.reshape(*logits.shape[:2], g, v)
         noise = None

@@ -12,7 +12,7 @@ Layout and conventions
 - ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype. Layer norms, softmaxes and the output logits
   are computed in float32 whatever ``dtype`` is.
 - Every parameter carries logical axis names (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``, ``length``,
-  ``layers``) through :func:`flax.linen.with_logical_partitioning`; ``nn.unbox`` (or
+  ``layers``) through :func:`models.logical.partitioned`; ``nn.unbox`` (or
   :func:`flax.linen.meta.unbox`) gives plain arrays. Parameter names follow transformers (``self_attn/q_proj``,
   ``fc1``, ``encoder_attn_layer_norm`` ...), so the checkpoint mapping in :mod:`models.whisper_hf` is mechanical.
 - ``remat=True`` wraps every layer in ``nn.remat`` (gradient checkpointing); ``scan_layers=True`` runs the layers
@@ -36,6 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from models.logical import partitioned
 
 Array = jax.Array
 Dtype = Any
@@ -178,10 +180,6 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.
 # Building blocks
 # ----------------------------------------------------------------------------------------------------------------
 
-def _p(init, names):
-    return nn.with_logical_partitioning(init, tuple(names))
-
-
 _KERNEL_INIT = nn.initializers.normal(0.02)
 
 
@@ -195,8 +193,8 @@ class LayerNormF32(nn.Module):
     @nn.compact
     def __call__(self, x):
         d = x.shape[-1]
-        scale = self.param("scale", _p(nn.initializers.ones_init(), ("embed",)), (d,), self.param_dtype)
-        bias = self.param("bias", _p(nn.initializers.zeros_init(), ("embed",)), (d,), self.param_dtype)
+        scale = self.param("scale", partitioned(nn.initializers.ones_init(), ("embed",)), (d,), self.param_dtype)
+        bias = self.param("bias", partitioned(nn.initializers.zeros_init(), ("embed",)), (d,), self.param_dtype)
         xf = x.astype(jnp.float32)
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
@@ -208,8 +206,8 @@ class LayerNormF32(nn.Module):
 def _dense(features, names, *, dtype, param_dtype, name, axis=-1, use_bias=True):
     nfeat = 1 if isinstance(features, int) else len(features)
     return nn.DenseGeneral(features=features, axis=axis, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                           kernel_init=_p(_KERNEL_INIT, names),
-                           bias_init=_p(nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
+                           kernel_init=partitioned(_KERNEL_INIT, names),
+                           bias_init=partitioned(nn.initializers.zeros_init(), tuple(names)[-nfeat:]), name=name)
 
 
 def _query_chunks(lq: int, target: int = 512) -> int:
@@ -404,12 +402,13 @@ class WhisperEncoder(nn.Module):
         c = self.config
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         conv = lambda stride, name: nn.Conv(c.d_model, (3,), strides=(stride,), padding=((1, 1),), name=name,
-                                            kernel_init=_p(_KERNEL_INIT, (None, None, "embed")),
-                                            bias_init=_p(nn.initializers.zeros_init(), ("embed",)), **kw)
+                                            kernel_init=partitioned(_KERNEL_INIT, (None, None, "embed")),
+                                            bias_init=partitioned(nn.initializers.zeros_init(), ("embed",)), **kw)
         self.conv1 = conv(1, "conv1")
         self.conv2 = conv(2, "conv2")
         self.embed_positions = self.param(
-            "embed_positions", _p(lambda key, shape, dtype: jnp.asarray(sinusoids(*shape), dtype), ("length", "embed")),
+            "embed_positions",
+            partitioned(lambda key, shape, dtype: jnp.asarray(sinusoids(*shape), dtype), ("length", "embed")),
             (c.max_source_positions, c.d_model), self.param_dtype)
         self.layers = _layer_stack(WhisperEncoderLayer, c.encoder_layers, remat=self.remat, scan=self.scan_layers,
                                    in_axes=(nn.broadcast,), config=c, deterministic=self.deterministic, **kw)
@@ -453,9 +452,9 @@ class WhisperDecoder(nn.Module):
     def setup(self):
         c = self.config
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        self.embed_tokens = self.param("embed_tokens", _p(_KERNEL_INIT, ("vocab", "embed")),
+        self.embed_tokens = self.param("embed_tokens", partitioned(_KERNEL_INIT, ("vocab", "embed")),
                                        (c.vocab_size, c.d_model), self.param_dtype)
-        self.embed_positions = self.param("embed_positions", _p(_KERNEL_INIT, ("length", "embed")),
+        self.embed_positions = self.param("embed_positions", partitioned(_KERNEL_INIT, ("length", "embed")),
                                           (c.max_target_positions, c.d_model), self.param_dtype)
         self.layers = _layer_stack(WhisperDecoderLayer, c.decoder_layers, remat=self.remat, scan=self.scan_layers,
                                    in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), config=c,

@@ -1,0 +1,113 @@
+"""jasr.sharding: mesh sizes from a run's mesh section, and one Conformer-CTC training step sharded over 8 host CPU
+devices (data, fsdp, tensor) giving the single-device loss and gradients.
+
+The 8 devices exist only in a fresh interpreter started with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must be set before JAX starts), so the sharded
+checks run in one subprocess; the rest of the suite keeps one device.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jasr.sharding import mesh_shape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_mesh_shape_takes_the_rest_and_names_bad_sizes():
+    assert mesh_shape({"data": -1}, 8) == {"pipeline": 1, "data": 8, "fsdp": 1, "tensor": 1}
+    assert mesh_shape({"data": -1, "tensor": 2, "pipeline": 2}, 8) == {"pipeline": 2, "data": 2, "fsdp": 1,
+                                                                       "tensor": 2}
+    assert mesh_shape({"fsdp": 4, "data": 2}, 8)["fsdp"] == 4
+    with pytest.raises(ValueError, match="only one axis may be -1"):
+        mesh_shape({"data": -1, "fsdp": -1}, 8)
+    with pytest.raises(ValueError, match="multiply to 4, but there are 8 devices"):
+        mesh_shape({"data": 4}, 8)
+    with pytest.raises(ValueError, match="do not divide"):
+        mesh_shape({"tensor": 3, "data": -1}, 8)
+    with pytest.raises(ValueError, match="unknown axis"):
+        mesh_shape({"model": 2}, 8)
+    with pytest.raises(ValueError, match="mesh.data=0"):
+        mesh_shape({"data": 0}, 8)
+
+
+CHECKS = textwrap.dedent('''
+    import functools
+    import jax, jax.numpy as jnp, numpy as np
+    import flax.linen as nn
+    from jasr.config import apply_override, load_config_file
+    from jasr.features import FeatureConfig
+    from jasr.optim import make_optimizer_from_config
+    from jasr.sharding import (DEFAULT_RULES, batch_sharding, check_batch_divisible, logical_specs, make_mesh,
+                               state_shardings)
+    from jasr.steps import create_train_state
+    from jasr.tasks import build_task
+    assert len(jax.devices()) == 8
+
+    cfg = load_config_file("configs/fsdd.py")
+    for k, v in {"model.d_model": "32", "model.num_layers": "2", "model.num_heads": "4",
+                 "model.subsampling_channels": "8", "model.dropout_rate": "0.0", "model.ff_dropout_rate": "0.0",
+                 "data.spec_augment": "False"}.items():
+        apply_override(cfg, k, v)
+    task = build_task(cfg, 17, FeatureConfig(kind="fbank", sample_rate=8000, num_mel_bins=40))
+    tx, _ = make_optimizer_from_config(cfg.optim, 100)
+    rng = np.random.default_rng(0)
+    B, T, N = 8, 64, 6
+    batch = {"features": rng.normal(size=(B, T, 40)).astype(np.float32),
+             "feature_paddings": np.zeros((B, T), np.float32),
+             "labels": rng.integers(1, 17, size=(B, N)).astype(np.int32),
+             "label_paddings": np.zeros((B, N), np.float32), "row_weights": np.ones((B,), np.float32)}
+    batch["feature_paddings"][3, 41:] = 1.0
+    batch["label_paddings"][5, 4:] = 1.0
+    init = functools.partial(create_train_state, task=task, tx=tx)
+    state = jax.jit(init)(jax.random.PRNGKey(0), batch=batch)
+    abstract = jax.eval_shape(init, jax.random.PRNGKey(0), batch=batch)
+    specs = logical_specs(abstract.params)
+
+    def loss_and_grads(params, batch):
+        f = lambda p: task.loss(p, state.model_state, batch, None, False)[0]
+        return jax.value_and_grad(f)(params)
+
+    ref_loss, ref_grads = jax.jit(loss_and_grads)(state.params, batch)
+    ref_leaves = jax.tree.leaves(ref_grads)
+    for sizes in ({"data": -1}, {"fsdp": -1}, {"data": 2, "fsdp": 2, "tensor": 2}):
+        mesh = make_mesh(sizes)
+        check_batch_divisible(B, mesh)
+        ssh = state_shardings(abstract, specs, mesh, DEFAULT_RULES)
+        bsh = jax.tree.map(lambda x: batch_sharding(mesh, np.ndim(x)), batch)
+        with jax.set_mesh(mesh), nn.logical_axis_rules(list(DEFAULT_RULES)):
+            params = jax.device_put(state.params, ssh.params)
+            fn = jax.jit(loss_and_grads, in_shardings=(ssh.params, bsh), out_shardings=(None, ssh.params))
+            loss, grads = fn(params, jax.device_put(batch, bsh))
+        assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss)), (sizes, loss, ref_loss)
+        top = max(float(jnp.max(jnp.abs(r))) for r in ref_leaves)
+        for g, r in zip(jax.tree.leaves(grads), ref_leaves):
+            # relative 1e-5 per leaf, floored at a tenth of the largest gradient: a leaf whose gradient is zero but
+            # for rounding (the key projection's bias, which the softmax ignores) is only float32 noise
+            scale = max(float(jnp.max(jnp.abs(r))), 0.1 * top)
+            assert float(jnp.max(jnp.abs(g - r))) <= 1e-5 * scale, (sizes, g.shape)
+        leaves = jax.tree.leaves(grads)
+        sharded = [x for x in leaves if x.addressable_shards[0].data.size < x.size]
+        if sizes != {"data": -1}:       # data parallelism replicates the parameters; fsdp and tensor shard them
+            assert sharded, sizes
+        if mesh.shape["tensor"] == 2:  # a vocabulary of 17 does not split over tensor = 2: kept whole, not an error
+            shapes = [np.shape(x) for x in jax.tree.leaves(abstract.params)]
+            vocab = [s.spec for s, shape in zip(jax.tree.leaves(ssh.params), shapes) if shape == (17,)]
+            assert vocab and all(all(a is None for a in spec) for spec in vocab), vocab
+    try:
+        check_batch_divisible(6, make_mesh({"data": -1}))
+        raise AssertionError("6 rows over 8 devices must fail")
+    except ValueError as e:
+        assert "multiple of 8" in str(e)
+    print("OK")
+''')
+
+
+def test_sharded_step_equals_single_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
