@@ -1,4 +1,5 @@
-"""fsa_ops.pallas_dense (interpret mode on CPU) against the XLA loops and path enumeration (tests/fsa_oracle.py).
+"""fsa_ops.pallas_dense against the XLA loops and path enumeration (tests/fsa_oracle.py); interpret mode on CPU, the
+compiled kernels on a GPU.
 
 Every kernel variant runs here: forward and backward, 'state' (labelled graphs) and 'arc' (general graphs) weights,
 log and tropical semirings, with and without output_beam's prune masks, and the gradients of the Pallas path.
@@ -16,7 +17,7 @@ from fsa_ops.dense_labelled import is_state_labelled
 from fsa_ops.dense_loops import backward_loop, dense_graph, forward_loop, loop_input
 from fsa_ops.fsa import Fsa, create_fsa_vec
 from fsa_ops.graphs import ctc_graph
-from fsa_ops.pallas_dense import next_pow2, resolve_implementation, slot_sizes
+from fsa_ops.pallas_dense import next_pow2, pallas_available, resolve_implementation, slot_sizes
 
 B, T, C = 3, 5, 5
 SEGS = np.array([[0, 0, 5], [1, 0, 3], [2, 1, 4]], np.int32)
@@ -120,7 +121,7 @@ def _configs(kind, lp):
     assert is_state_labelled(arcs, cfg.S) == (kind == "labelled")
     # blocks of one state per gather-reduce step (the default holds these graphs in one block)
     sizes = slot_sizes(arcs, cfg.S)[:4] + (2,)
-    return cfg, cfg._replace(slots=sizes, interpret=True), arcs, lpp, dur
+    return cfg, cfg._replace(slots=sizes, interpret=not pallas_available()), arcs, lpp, dur
 
 
 @pytest.mark.parametrize("kind", ["labelled", "general"])
