@@ -38,7 +38,7 @@ from jasr.audio import AudioError, load_audio, to_mono
 from jasr.cmvn import CmvnStats, accumulate_cmvn, apply_cmvn
 from jasr.features import FeatureConfig, compute_features, compute_features_jax, num_frames
 
-__all__ = ["chunked_ctc_log_probs", "decode_segments", "frame_energy_db", "iter_audio_blocks",
+__all__ = ["array_blocks", "chunked_ctc_log_probs", "decode_segments", "frame_energy_db", "iter_audio_blocks",
            "iter_chunked_log_probs", "iter_features", "join_segments", "segment_reader", "split_on_silence",
            "split_points", "stream_energy_db", "stream_features", "task_log_probs_fn", "task_segment_decoder"]
 
@@ -306,13 +306,14 @@ def frame_energy_db(samples: np.ndarray, frame_samples: int) -> np.ndarray:
     return 10.0 * np.log10(np.maximum(sq.reshape(n, frame_samples).sum(1) / np.maximum(counts, 1), 1e-10))
 
 
-def stream_energy_db(blocks: Iterable[np.ndarray], frame_samples: int) -> np.ndarray:
-    """:func:`frame_energy_db` of a waveform given as consecutive 1-D sample blocks (any sizes): the same
-    [ceil(S / frame_samples)] float64 energies, holding one block at a time plus the energies."""
+def stream_energy_db(blocks: Iterable[np.ndarray], frame_samples: int) -> tuple[np.ndarray, int]:
+    """(:func:`frame_energy_db` of a waveform given as consecutive 1-D sample blocks of any sizes, its sample count
+    S): the same [ceil(S / frame_samples)] float64 energies, holding one block at a time plus the energies."""
     if frame_samples < 1:
         raise ValueError(f"frame_samples must be >= 1, got {frame_samples}")
-    out, rest = [], np.zeros(0, np.float64)
+    out, rest, total = [], np.zeros(0, np.float64), 0
     for b in blocks:
+        total += len(b)
         x = np.concatenate([rest, np.asarray(b, np.float64)])
         n = x.shape[0] // frame_samples * frame_samples
         if n:
@@ -320,7 +321,7 @@ def stream_energy_db(blocks: Iterable[np.ndarray], frame_samples: int) -> np.nda
         rest = x[n:]
     if rest.shape[0]:
         out.append(frame_energy_db(rest, frame_samples))
-    return np.concatenate(out) if out else np.zeros(0)
+    return (np.concatenate(out) if out else np.zeros(0)), total
 
 
 def segment_reader(path: str, sample_rate: int) -> Callable[[int, int], np.ndarray]:

@@ -273,12 +273,14 @@ def test_streamed_energy_and_segment_reader(speech):
     """Energies of a block stream equal those of the whole waveform; segment_reader reads [start, end)."""
     want = frame_energy_db(speech, 80)
     for block in (1, 79, 80, 1000, len(speech)):
-        np.testing.assert_allclose(stream_energy_db(array_blocks(speech, block), 80), want, rtol=1e-12)
+        got, n = stream_energy_db(array_blocks(speech, block), 80)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert n == len(speech)
     path = sorted(glob.glob(f"{DATA}/fsdd/recordings/*.wav"))[0]          # 8 kHz: no resampling
     whole = load_audio(path, SR)
     np.testing.assert_array_equal(segment_reader(path, SR)(100, 900), whole[100:900])
-    segs = split_points(stream_energy_db(array_blocks(speech, 333), 80), 80, len(speech), max_samples=SR,
-                        search_samples=SR // 2)
+    energy, n = stream_energy_db(array_blocks(speech, 333), 80)
+    segs = split_points(energy, 80, n, max_samples=SR, search_samples=SR // 2)
     assert segs == split_on_silence(speech, SR, max_seconds=1.0, frame_ms=10.0)
 
 
