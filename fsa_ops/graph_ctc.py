@@ -22,7 +22,7 @@ __all__ = ["ctc_loss"]
 
 def ctc_loss(decoding_graph, dense_fsa_vec: DenseFsaVec, output_beam: float = 10,
              reduction: str = "sum", use_double_scores: bool = True,
-             target_lengths: Optional[jnp.ndarray] = None):
+             target_lengths: Optional[jnp.ndarray] = None, implementation: str = "auto"):
     """CTC loss given a decoding graph and a DenseFsaVec (k2's ``k2.ctc_loss``).
 
     Args:
@@ -36,6 +36,8 @@ def ctc_loss(decoding_graph, dense_fsa_vec: DenseFsaVec, output_beam: float = 10
         computed in float32 and the first such call warns (`fsa_ops.scores.Float32ScoresWarning`).
         ``False``: float32, no warning.
       target_lengths: ``[S]`` label counts, required for ``reduction='mean'``.
+      implementation: ``'auto'`` (Pallas kernels on GPU, XLA loops elsewhere), ``'pallas'`` or ``'xla'``; see
+        :func:`fsa_ops.dense.dense_tot_scores`.
 
     Returns float32 loss(es); ``+inf`` for a segment that no path fits (its gradient is 0), NaN for
     a segment with a NaN or +inf log-prob in a valid frame (any symbol) or graph score (its gradient
@@ -46,7 +48,7 @@ def ctc_loss(decoding_graph, dense_fsa_vec: DenseFsaVec, output_beam: float = 10
         raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     beam = math.inf if output_beam is None else output_beam
     tot = dense_tot_scores(decoding_graph, dense_fsa_vec, output_beam=beam,
-                           use_double_scores=use_double_scores)
+                           use_double_scores=use_double_scores, implementation=implementation)
     loss = (-tot).astype(jnp.float32)
     if reduction == "none":
         return loss

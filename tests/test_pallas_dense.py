@@ -16,6 +16,7 @@ from fsa_ops.dense import DenseFsaVec, dense_tot_scores, prepare_dense
 from fsa_ops.dense_labelled import is_state_labelled
 from fsa_ops.dense_loops import backward_loop, dense_graph, forward_loop, loop_input
 from fsa_ops.fsa import Fsa, create_fsa_vec
+from fsa_ops.graph_ctc import ctc_loss
 from fsa_ops.graphs import ctc_graph
 from fsa_ops.pallas_dense import next_pow2, pallas_available, resolve_implementation, slot_sizes
 
@@ -170,3 +171,18 @@ def test_implementation_argument_is_checked():
         return dense_tot_scores(g, DenseFsaVec(lp, SEGS), use_double_scores=False, implementation="pallas")
     with pytest.raises(ValueError, match="on the host"):
         traced(GRAPHS["labelled"].to_jax(), jnp.asarray(_log_probs()))
+
+
+def test_graph_ctc_loss_passes_the_implementation_through():
+    """k2.ctc_loss over ctc_graph: the Pallas path (interpret mode here) gives the XLA loss and gradient."""
+    lp = jnp.asarray(_log_probs(3))
+    graph = GRAPHS["labelled"]
+
+    def loss(x, impl):
+        return ctc_loss(graph, DenseFsaVec(x, SEGS), output_beam=math.inf, use_double_scores=False,
+                        implementation=impl)
+
+    ref, gref = jax.value_and_grad(loss)(lp, "xla")
+    got, g = jax.value_and_grad(loss)(lp, "pallas")
+    np.testing.assert_allclose(float(got), float(ref), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(gref), rtol=1e-5, atol=1e-6)
