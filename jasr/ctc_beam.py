@@ -89,6 +89,7 @@ class _Opts(NamedTuple):
     topk: int
     lm_level: str | None
     constrain: bool
+    chunk: int = 0        # > 0: frames with more candidates are searched in chunks of this many (see _schedule)
 
 
 class _Weights(NamedTuple):
@@ -105,76 +106,86 @@ def _word_id(lex: Lexicon, node):
 
 
 def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, look: LmLookahead | None, s: _Beam,
-           lp, c_lp, c_tok, pad):
-    """One frame for one utterance: beam [K] -> beam [K] and (parent slot [K], added token [K]).
+           lp, c_lp, c_tok, pad, orig=None, first=None, links=None):
+    """One frame (or one chunk of a frame's candidates) for one utterance: beam [K] -> beam [K] and (parent slot
+    [K], added token [K]).
 
-    lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens of the frame and their log-probs (-inf: not tried)."""
+    lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens and their log-probs (-inf: not tried). Chunked
+    frames (orig, first, links given): the first chunk updates the beam's prefixes (stays) and grows them by its
+    candidates; a later chunk grows the frame-start beam `orig` by its candidates and competes with the entries
+    kept so far, which stay as they are; links: the frame's (parent, added) of the current entries."""
     K = o.beam
-    ab = jnp.logaddexp(s.pb, s.pnb)
+    b = s if first is None else jax.tree.map(lambda x, y: jnp.where(first, x, y), s, orig)   # frame-start beam
+    ab = jnp.logaddexp(b.pb, b.pnb)
     alive = ab > _NEG
-    lp_last = lp[jnp.maximum(s.last, 0)]
+    lp_last = lp[jnp.maximum(b.last, 0)]
     # stay: blank, or the last token again
     st_pb = ab + lp[o.blank_id]
-    st_pnb = jnp.where(s.length > 0, s.pnb + lp_last, _NEG)
+    st_pnb = jnp.where(b.length > 0, b.pnb + lp_last, _NEG)
     # a beam prefix whose parent is in the beam also grows out of it this frame: merge
-    match = (alive[:, None] & alive[None, :] & jnp.all(s.ph[:, None] == s.h[None, :], -1)
-             & (s.length[:, None] == s.length[None, :] + 1))                       # [k', k]
+    match = (alive[:, None] & alive[None, :] & jnp.all(b.ph[:, None] == b.h[None, :], -1)
+             & (b.length[:, None] == b.length[None, :] + 1))                       # [k', k]
     par, has_par = jnp.argmax(match, axis=1), match.any(1)
-    into = jnp.where(s.last == s.last[par], s.pb[par], ab[par]) + lp_last
+    into = jnp.where(b.last == b.last[par], b.pb[par], ab[par]) + lp_last
     st_pnb = jnp.logaddexp(st_pnb, jnp.where(has_par, into, _NEG))
+    if first is not None:   # a later chunk: the entries kept so far were updated by the first chunk
+        st_pb, st_pnb = jnp.where(first, st_pb, s.pb), jnp.where(first, st_pnb, s.pnb)
     st_total = jnp.logaddexp(st_pb, st_pnb) + s.fus
     # grow by the candidate tokens of this frame
     C = c_tok.shape[0]
-    e_pnb = jnp.where(c_tok[None] == s.last[:, None], s.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
+    e_pnb = jnp.where(c_tok[None] == b.last[:, None], b.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
     # (k, c) is already in the beam as k' when k' = k + c: drop it (its mass went into k' above)
-    eq = ((s.last[:, None] == c_tok[None, :]) & has_par[:, None]).astype(jnp.int32)                  # [k', C]
+    eq = ((b.last[:, None] == c_tok[None, :]) & has_par[:, None]).astype(jnp.int32)                  # [k', C]
     dup = jnp.zeros((K, C), jnp.int32).at[par].max(eq) > 0                                           # [K, C]
     e_ok = alive[:, None] & ~dup & (c_lp[None] > _NEG)
     tok = jnp.broadcast_to(c_tok[None], (K, C))
     zero = jnp.zeros((K, C), jnp.float32)
     d_lm, d_words, d_fus = zero, jnp.ones((K, C), jnp.int32), zero
-    node = jnp.broadcast_to(s.node[:, None], (K, C))
-    la = jnp.broadcast_to(s.la[:, None], (K, C))
+    node = jnp.broadcast_to(b.node[:, None], (K, C))
+    la = jnp.broadcast_to(b.la[:, None], (K, C))
 
     def lm_pick(k, j, grown):   # the LM state of the new beam entries
-        return jax.tree.map(lambda a: a[k], s.lm_state)
+        return jax.tree.map(lambda a, c: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), a[k], c[k]),
+                            b.lm_state, s.lm_state)
     if lex is not None:
         bnd, ws = lex.boundary[c_tok][None], lex.word_start[c_tok][None]                         # [1, C]
         starts = bnd | ws
-        completes = starts & (s.node[:, None] != 0)                                                 # [K, C]
-        node = jnp.where(bnd, 0, lexicon_child(lex, jnp.where(ws, 0, s.node[:, None]), c_tok[None]))
-        wid, lm_wid = _word_id(lex, s.node)
+        completes = starts & (b.node[:, None] != 0)                                                 # [K, C]
+        node = jnp.where(bnd, 0, lexicon_child(lex, jnp.where(ws, 0, b.node[:, None]), c_tok[None]))
+        wid, lm_wid = _word_id(lex, b.node)
         d_words = completes.astype(jnp.int32)
-        in_word = (s.node[:, None] > 0) & (wid[:, None] < 0)     # completing a partial word that is no word
-        new_oov = (node < 0) & ((s.node[:, None] >= 0) | starts)
+        in_word = (b.node[:, None] > 0) & (wid[:, None] < 0)     # completing a partial word that is no word
+        new_oov = (node < 0) & ((b.node[:, None] >= 0) | starts)
         if o.constrain:
             e_ok &= (node >= 0) & ~(completes & in_word)
         else:
             d_fus += w.oov_penalty * ((completes & in_word).astype(jnp.float32) + new_oov)
         if o.lm_level == "word":
-            adv_state, adv_lp = lm.advance(s.lm_state, lm_wid)
+            adv_state, adv_lp = lm.advance(b.lm_state, lm_wid)
             d_lm = jnp.where(completes, adv_lp[:, None], 0.0)
             if look is not None:   # the new partial word's look-ahead replaces the old one
                 la = jnp.where(node == 0, 0.0, lookahead_score(
-                    look, jnp.where(completes, adv_state[:, None], s.lm_state[:, None]), node))
-                d_fus += w.lm_weight * (la - s.la[:, None])
+                    look, jnp.where(completes, adv_state[:, None], b.lm_state[:, None]), node))
+                d_fus += w.lm_weight * (la - b.la[:, None])
 
             def lm_pick(k, j, grown):
                 done = grown & completes[k, j]
-                return jax.tree.map(lambda a, b: jnp.where(done.reshape((K,) + (1,) * (a.ndim - 1)), a[k], b[k]),
-                                    adv_state, s.lm_state)
+                return jax.tree.map(
+                    lambda a, c, d: jnp.where(done.reshape((K,) + (1,) * (a.ndim - 1)), a[k],
+                                              jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), c[k], d[k])),
+                    adv_state, b.lm_state, s.lm_state)
     if o.lm_level == "token":
-        lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K, C) + a.shape[1:]), s.lm_state)
+        lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K, C) + a.shape[1:]), b.lm_state)
         lm_state, d_lm = lm.advance(lm_state, tok)
 
         def lm_pick(k, j, grown):
-            return jax.tree.map(lambda a, b: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), b[k, j], a[k]),
+            return jax.tree.map(lambda a, c: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), c[k, j], a[k]),
                                 s.lm_state, lm_state)
-    ctx = jnp.broadcast_to(s.ctx[:, None], (K, C))
+    ctx = jnp.broadcast_to(b.ctx[:, None], (K, C))
     if hot is not None:
         ctx, d_hot = hotword_step(hot, ctx, tok)
         d_fus += d_hot
-    e_fus = s.fus[:, None] + d_fus + w.lm_weight * d_lm + w.word_bonus * d_words
+    e_fus = b.fus[:, None] + d_fus + w.lm_weight * d_lm + w.word_bonus * d_words
     e_total = jnp.where(e_ok, e_pnb + e_fus, _NEG)
     # prune: the beam best of stay + grow candidates, none below best + beam_prune_logp
     total = jnp.concatenate([st_total, e_total.reshape(-1)])
@@ -186,19 +197,23 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     gtok = c_tok[j]
     new = _Beam(
         pb=jnp.where(grown, _NEG, st_pb[k]), pnb=jnp.where(grown, e_pnb[k, j], st_pnb[k]),
-        fus=jnp.where(grown, e_fus[k, j], s.fus[k]), lm=jnp.where(grown, s.lm[k] + d_lm[k, j], s.lm[k]),
-        words=jnp.where(grown, s.words[k] + d_words[k, j], s.words[k]), last=jnp.where(grown, gtok, s.last[k]),
-        length=s.length[k] + grown, h=jnp.where(grown[:, None], _hash(s.h[k], gtok), s.h[k]),
-        ph=jnp.where(grown[:, None], s.h[k], s.ph[k]), node=jnp.where(grown, node[k, j], s.node[k]),
-        ctx=jnp.where(grown, ctx[k, j], s.ctx[k]), la=jnp.where(grown, la[k, j], s.la[k]),
-        lm_state=lm_pick(k, j, grown))
+        fus=jnp.where(grown, e_fus[k, j], s.fus[k]), lm=jnp.where(grown, b.lm[k] + d_lm[k, j], s.lm[k]),
+        words=jnp.where(grown, b.words[k] + d_words[k, j], s.words[k]), last=jnp.where(grown, gtok, s.last[k]),
+        length=jnp.where(grown, b.length[k] + 1, s.length[k]),
+        h=jnp.where(grown[:, None], _hash(b.h[k], gtok), s.h[k]), ph=jnp.where(grown[:, None], b.h[k], s.ph[k]),
+        node=jnp.where(grown, node[k, j], s.node[k]), ctx=jnp.where(grown, ctx[k, j], s.ctx[k]),
+        la=jnp.where(grown, la[k, j], s.la[k]), lm_state=lm_pick(k, j, grown))
     # entries that lost all their probability stay dead
     dead = jnp.take(total, idx) == _NEG
     new = new._replace(pb=jnp.where(dead, _NEG, new.pb), pnb=jnp.where(dead, _NEG, new.pnb))
     keep = pad >= 0.5
-    new = jax.tree.map(lambda a, b: jnp.where(keep, a, b), s, new)
+    new = jax.tree.map(lambda a, c: jnp.where(keep, a, c), s, new)
     parent = jnp.where(keep, jnp.arange(K, dtype=jnp.int32), k.astype(jnp.int32))
     added = jnp.where(keep | ~grown, -1, gtok).astype(jnp.int32)
+    if first is not None:   # links to the frame-start beam: kept entries keep theirs
+        spar, sadd = links
+        parent = jnp.where(first, parent, jnp.where(keep, spar, jnp.where(grown, k.astype(jnp.int32), spar[k])))
+        added = jnp.where(first, added, jnp.where(keep, sadd, jnp.where(grown, gtok, sadd[k]).astype(jnp.int32)))
     return new, (parent, added)
 
 
@@ -240,7 +255,7 @@ def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings) -> BeamSearchResult:
+def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sched=None) -> BeamSearchResult:
     B, T, V = log_probs.shape
     K, N = o.beam, o.nbest
     first = jnp.arange(K) == 0
@@ -259,29 +274,51 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings) -> B
     lp = jnp.moveaxis(log_probs.astype(jnp.float32), 1, 0)                                  # [T, B, V]
     # the candidate tokens of every frame, chosen before the scan (they do not depend on the beam)
     lp_nb = lp.at[:, :, o.blank_id].set(_NEG)
-    if o.topk < V:
-        c_lp, c_tok = jax.lax.top_k(lp_nb, o.topk)                                          # [T, B, C]
+    if o.topk < V or o.chunk:   # chunks take the candidates best first
+        c_lp, c_tok = jax.lax.top_k(lp_nb, min(o.topk, V))                                  # [T, B, C]
     else:
         c_lp, c_tok = lp_nb, jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), lp.shape)
     # token_min_logp: tokens below it are not tried, except the frame's best token
     c_lp = jnp.where((c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp, -1)[..., None]), c_lp, _NEG)
-    xs = (lp, c_lp, c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0))
-    beam, (parents, added) = jax.lax.scan(step, beam, xs)                                   # [T, B, K]
+    c_tok, pads = c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0)
+    if sched is None:
+        beam, (parents, added) = jax.lax.scan(step, beam, (lp, c_lp, c_tok, pads))          # [T, B, K]
+        frame_of, last_of = jnp.arange(T), jnp.ones((T,), bool)
+    else:   # steps = chunks of frames (_schedule): candidate columns [c * C, (c + 1) * C) of frame f
+        frame_of, chunk_of, first_of, last_of, valid = sched
+        C, cols = o.chunk, c_lp.shape[-1]
+        if cols % C:
+            c_lp = jnp.pad(c_lp, ((0, 0), (0, 0), (0, C - cols % C)), constant_values=_NEG)
+            c_tok = jnp.pad(c_tok, ((0, 0), (0, 0), (0, C - cols % C)))
+        cols = jnp.arange(C)[None, None] + (chunk_of * C)[:, None, None]                      # [S, 1, C]
+        xs = (lp[frame_of], jnp.take_along_axis(c_lp[frame_of], cols, -1),
+              jnp.take_along_axis(c_tok[frame_of], cols, -1), jnp.where(valid[:, None], pads[frame_of], 1.0),
+              jnp.broadcast_to(first_of[:, None], (first_of.shape[0], B)))
+
+        def chunk_step(carry, x):
+            s, orig, links = carry
+            new, links = frame(s, *x[:4], orig, x[4], links)
+            orig = jax.tree.map(lambda a, c: jnp.where(x[4].reshape((B,) + (1,) * (a.ndim - 1)), a, c), s, orig)
+            return (new, orig, links), links
+
+        links = (jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), jnp.full((B, K), -1, jnp.int32))
+        (beam, _, _), (parents, added) = jax.lax.scan(chunk_step, (beam, beam, links), xs)   # [S, B, K]
     total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot, look))(beam)
     scores, sel = jax.lax.top_k(total, N)                                                   # [B, N]
     take = jax.vmap(lambda a, i: a[i])
     lengths = jnp.where(scores > _NEG, take(beam.length, sel), 0)
 
-    def back(carry, x):   # walk the backpointers from the last frame
+    def back(carry, x):   # walk the backpointers from the last frame (a frame's links are in its last step)
         slot, pos = carry
-        par, add, t = x
-        tk = take(add, slot)
+        par, add, t, last = x
+        tk = jnp.where(last, take(add, slot), -1)
         pos = pos - (tk >= 0)
-        return (take(par, slot), pos), (tk, jnp.where(tk >= 0, pos, T), jnp.full_like(tk, t))
+        return (jnp.where(last, take(par, slot), slot), pos), (tk, jnp.where(tk >= 0, pos, T), jnp.full_like(tk, t))
 
-    _, (toks, pos, frames) = jax.lax.scan(back, (sel, lengths), (parents, added, jnp.arange(T)), reverse=True)
+    _, (toks, pos, frames) = jax.lax.scan(back, (sel, lengths), (parents, added, frame_of, last_of), reverse=True)
+    S = parents.shape[0]
     bi, ni = jnp.meshgrid(jnp.arange(B), jnp.arange(N), indexing="ij")
-    bi, ni = jnp.broadcast_to(bi, (T, B, N)), jnp.broadcast_to(ni, (T, B, N))
+    bi, ni = jnp.broadcast_to(bi, (S, B, N)), jnp.broadcast_to(ni, (S, B, N))
     tokens = jnp.full((B, N, T), -1, jnp.int32).at[bi, ni, pos].set(toks, mode="drop")
     token_frames = jnp.full((B, N, T), -1, jnp.int32).at[bi, ni, pos].set(frames, mode="drop")
     dead = scores == _NEG
@@ -289,16 +326,39 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings) -> B
                             jnp.where(dead, 0, take(words, sel)), token_frames)
 
 
+_CHUNK = 8   # candidates per step when a frame has more than this many (auto token_topk)
+_STEP_COST = 25   # the cost of a search step beside its candidate columns, in columns (measured on CPU)
+
+
 @functools.partial(jax.jit, static_argnums=(2,))
-def _count_candidates(log_probs, paddings, blank_id, min_logp):
+def _frame_counts(log_probs, paddings, blank_id, min_logp):
     ok = (log_probs >= min_logp) & (paddings[..., None] < 0.5) & (jnp.arange(log_probs.shape[-1]) != blank_id)
-    return ok.sum(-1).max()
+    return ok.sum(-1).max(0)
 
 
-def _tokens_needed(log_probs, paddings, blank_id: int, min_logp: float) -> int:
-    """The number of non-blank tokens at or above min_logp in the fullest frame, rounded up to a power of two."""
-    n = int(_count_candidates(log_probs, paddings.astype(jnp.float32), blank_id, jnp.float32(min_logp)))
-    return 1 << max(n, 1).bit_length() - (max(n, 1) & (max(n, 1) - 1) == 0)
+def _pow2(n: int) -> int:
+    n = max(int(n), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def _schedule(counts: np.ndarray, chunk: int):
+    """Steps of a chunked search: frame t gets ceil(counts[t] / chunk) steps (at least one); the number of extra
+    steps is rounded up to a power of two (one compiled program per power), padded with no-op steps (a later
+    chunk of the last frame on padding). -> (frame_of, chunk_of, first_of, last_of, valid) [S] and the
+    candidate columns per frame (a multiple of chunk)."""
+    n = np.maximum(1, -(-counts // chunk)).astype(np.int64)
+    T, total = len(n), int(n.sum())
+    S = T + _pow2(total - T) if total > T else T
+    frame_of = np.full(S, T - 1, np.int32)
+    frame_of[:total] = np.repeat(np.arange(T), n)
+    chunk_of = np.zeros(S, np.int32)
+    chunk_of[:total] = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    first_of = np.zeros(S, bool)
+    first_of[:total] = chunk_of[:total] == 0
+    last_of = np.zeros(S, bool)
+    last_of[:total] = chunk_of[:total] == np.repeat(n, n) - 1
+    valid = np.arange(S) < total
+    return tuple(jnp.asarray(a) for a in (frame_of, chunk_of, first_of, last_of, valid)), _pow2(int(n.max())) * chunk
 
 
 def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | None = None, blank_id: int = 0,
@@ -316,7 +376,9 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
       beam: prefixes kept per frame (static). nbest: hypotheses returned (<= beam; default: beam).
       token_topk: grow prefixes by at most this many tokens per frame (static). Default: all tokens, or, with
         token_min_logp and concrete inputs, as many as any frame has at or above it, rounded up to a power of two
-        (exact; one small device-to-host read, and one compiled program per power of two).
+        (exact; one small device-to-host read, and one compiled program per power of two); where fewer frames
+        have many, those are searched in several steps of 8 candidates each (exact as well: each step grows the
+        frame-start beam by its chunk and competes with the entries kept so far).
       token_min_logp: grow only by tokens with log-prob >= this (the frame's best token always).
       beam_prune_logp: drop candidates scoring below the frame's best + this (a negative number).
       lm, lm_weight, lm_level: LM fusion ("token": each emitted token, "word": each completed word, needs
@@ -345,8 +407,16 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     if token_topk is not None and not 1 <= token_topk:
         raise ValueError(f"token_topk must be >= 1, got {token_topk}")
     topk = V if token_topk is None else min(int(token_topk), V - 1)
+    sched, chunk = None, 0
     if token_topk is None and token_min_logp is not None and not isinstance(log_probs, jax.core.Tracer):
-        topk = min(_tokens_needed(log_probs, paddings, blank_id, float(token_min_logp)), topk)
+        counts = np.asarray(_frame_counts(log_probs, paddings.astype(jnp.float32), blank_id,
+                                          jnp.float32(token_min_logp)))
+        whole = min(_pow2(counts.max(initial=0)), topk)
+        if whole > _CHUNK:   # chunk where fewer, narrower steps cost less (a step ~ _STEP_COST + its columns)
+            steps, cols = _schedule(counts, _CHUNK)
+            if steps[0].shape[0] * (_STEP_COST + _CHUNK) < len(counts) * (_STEP_COST + whole):
+                sched, chunk, whole = steps, _CHUNK, min(cols, topk)
+        topk = whole
     if lm_level not in ("token", "word"):
         raise ValueError(f"lm_level must be 'token' or 'word', got {lm_level!r}")
     if lm is not None and not all(hasattr(lm, a) for a in ("start_state", "advance", "final")):
@@ -373,11 +443,11 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
         if val is not None and val > 0:
             raise ValueError(f"{name} must be <= 0 (a log-probability offset), got {val}")
     o = _Opts(int(beam), int(nbest), int(blank_id), topk, lm_level if lm is not None else None,
-              bool(constrain_to_lexicon))
+              bool(constrain_to_lexicon), chunk)
     f32 = lambda x, d: jnp.float32(d if x is None else x)  # noqa: E731
     w = _Weights(f32(lm_weight, 0.0), f32(word_bonus, 0.0), f32(oov_penalty, 0.0), f32(token_min_logp, -np.inf),
                  f32(beam_prune_logp, -np.inf))
-    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings.astype(jnp.float32))
+    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings.astype(jnp.float32), sched)
 
 
 def nbest_lists(result: BeamSearchResult) -> list[list[tuple[list[int], float]]]:

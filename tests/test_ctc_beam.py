@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists, word_timestamps
 from jasr.decoding import ctc_greedy_ids
-from jasr.lexicon import lexicon_child, lexicon_from_tokenizer, make_hotwords, make_lexicon
+from jasr.lexicon import lexicon_child, lexicon_from_tokenizer, make_hotwords, make_lexicon, make_lm_lookahead
 from jasr.ngram import read_arpa
 from jasr.tokenizers import CharTokenizer, SentencePieceTokenizer
 
@@ -328,6 +328,31 @@ def test_token_pruning_keeps_the_best_on_peaky_logits():
     # same best paths; pruning changes which alignments are summed a little
     assert [h[0][0] for h in nbest_lists(full)] == [h[0][0] for h in nbest_lists(pruned)]
     np.testing.assert_allclose(np.asarray(pruned.scores), np.asarray(full.scores), atol=0.01)
+
+
+def test_frames_with_many_candidates_searched_in_chunks_equal_one_step():
+    """Automatic token_topk: a few frames with more candidates than a chunk (8) are searched in several steps
+    (each growing the frame-start beam by a chunk of candidates); the n-best, scores and token frames equal one
+    step over every candidate (token_topk = V - 1), with a word LM, a lexicon and look-ahead as well."""
+    rng = np.random.default_rng(0)
+    B, T, V = 3, 25, 20
+    labels = np.where(rng.random((B, T)) < 0.6, 0, rng.integers(1, V, (B, T)))
+    logits = rng.normal(size=(B, T, V)) + 7.0 * np.eye(V)[labels]
+    logits[:, [4, 11]] = rng.normal(size=(B, 2, V)) * 0.3        # two flat frames: (nearly) every token a candidate
+    lp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    counts = np.asarray(((lp >= -4.0) & (jnp.arange(V) != 0)).sum(-1).max(0))
+    assert counts.max() > 16 and np.sum(counts > 8) == 2          # three chunks of 8 in two frames
+    pad = (np.arange(T)[None] >= np.array([25, 18, 9])[:, None]).astype(np.float32)
+    words = [[t for t in rng.integers(1, V, rng.integers(1, 4)).tolist() if t != SPACE] or [1] for _ in range(12)]
+    lex = make_lexicon(words, V, boundary_ids=[SPACE], unk_id=12)
+    lm = random_lm(rng, 13)
+    for kw in ({}, dict(lm=lm, lm_weight=0.7, lm_level="word", word_bonus=0.3, lexicon=lex, oov_penalty=-1.0,
+                        lm_lookahead=make_lm_lookahead(lex, lm))):
+        chunked = ctc_prefix_beam_search(lp, pad, 4, token_min_logp=-4.0, beam_prune_logp=-8.0, **kw)
+        whole = ctc_prefix_beam_search(lp, pad, 4, token_min_logp=-4.0, beam_prune_logp=-8.0, token_topk=V - 1, **kw)
+        assert nbest_lists(chunked) == nbest_lists(whole)
+        np.testing.assert_array_equal(np.asarray(chunked.token_frames), np.asarray(whole.token_frames))
+        np.testing.assert_allclose(np.asarray(chunked.lm), np.asarray(whole.lm), rtol=1e-6)
 
 
 def test_lexicon_from_tokenizer_and_word_timestamps():
