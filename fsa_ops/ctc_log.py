@@ -16,7 +16,7 @@ scale_b [B, T]) in natural frame and state order:
          excluded),
 
 so that occupancies need no division by the emission (`log_occupancy`): the true log values are
-``alpha[b, t] + sum_{t' <= t} scale_f[b, t']`` and ``beta[b, t] + sum_{t' > t} scale_b[b, t']``,
+``alpha[b, t] + sum_{t' <= t} scale_f[b, t']`` and ``beta[b, t] + sum_{t' >= t} scale_b[b, t']``,
 and ``gamma[t, s] = alpha[t, s] * beta[t, s] / Z``.
 
 ``implementation='pallas'`` (or 'auto' on GPU) runs the frame loop as one Pallas kernel
@@ -78,11 +78,9 @@ def run_log(lat: CtcLattice, lp, store: bool = True, *, implementation: str = "x
     if use_pallas(implementation):
         return _run_pallas(lat, lp, store, semiring)
     init = jnp.where(lat.start, 0.0, -jnp.inf).astype(jnp.float32)
-    if store:
-        last, tables, scale_sum = _frame_loop(init, lp, lat, semiring)
-    else:
-        (last, scale_sum), tables = _total_only_loop(init, lp, lat, semiring), None
-    return tables, _finish(last, lat.final, scale_sum, semiring)
+    # (store=False: the same loop; XLA drops the table writes that nothing reads)
+    last, tables, scale_sum = _frame_loop(init, lp, lat, semiring)
+    return (tables if store else None), _finish(last, lat.final, scale_sum, semiring)
 
 
 def _finish(last, final, scale_sum, semiring: str):
@@ -118,66 +116,54 @@ def _run_pallas(lat: CtcLattice, lp, store: bool, semiring: str):
     log_z = _finish(last, final, scale_sum, semiring)
     if not store:
         return None, log_z
-    # The kernel stores the incoming sums of every frame relative to the scales removed before it and
-    # books each step's removed maximum on its natural frame. The tables of `_frame_loop` hold alpha
-    # including frame t's emission with the scales of frames <= t: the same values with the forward
-    # scales shifted by one frame (beta's convention is the kernel's).
+    # The kernel stores the incoming sums of every frame relative to the maxima removed at the steps
+    # before it, and books each step's maximum on its natural frame. `_frame_loop`'s tables hold alpha
+    # including frame t's emission and book on each frame the shift its step applied: the kernel's
+    # maxima moved by one step (one frame later for alpha, one frame earlier for beta).
     alpha = jnp.where(valid[:, :, None], table[:batch] + lp, table[:batch])
+    beta = table[batch:]
     norm_f = jnp.concatenate([jnp.zeros_like(scale[:batch, :1]), scale[:batch, :-1]], axis=1)
-    return (alpha, table[batch:], norm_f, scale[batch:]), log_z
-
-
-def _total_only_loop(init, table, lat: CtcLattice, semiring: str = "log"):
-    """`_frame_loop` without tables: (last carry [R, S], sum of the removed log-scales [R]).
-
-    The rows' frames are first laid out time-major in loop order ([T, R, S]: row b frame t, row
-    B+b frame T-1-t with its states reversed), so that each step reads one contiguous slice. Without
-    the stored tables XLA fuses the whole step (shifts, log-sum-exp, emission) into one kernel, and
-    building the frame from two strided, reversed reads inside it would defeat vectorisation."""
-    frames = lat.shape[1]
-    rows = jnp.concatenate([jnp.swapaxes(table, 0, 1), jnp.swapaxes(table[:, ::-1, ::-1], 0, 1)], axis=1)
-    valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)        # [T, R]
-
-    def body(t, state):
-        carry, total = state
-        frame_rows = jax.lax.dynamic_slice_in_dim(rows, t, 1, axis=0)
-        frame_valid = jax.lax.dynamic_slice_in_dim(valid, t, 1, axis=0)
-        carry, _ = log_ctc_step(carry, frame_rows[0], frame_valid[0], lat.skip, semiring)
-        carry, log_scale = log_renormalise(carry)
-        return carry, total + log_scale
-
-    return jax.lax.fori_loop(0, frames, body, (init, jnp.zeros(init.shape[:1], jnp.float32)))
+    norm_b = jnp.concatenate([scale[batch:, 1:], jnp.zeros_like(scale[batch:, :1])], axis=1)
+    return (alpha, beta, norm_f, norm_b), log_z
 
 
 def _frame_loop(init, table, lat: CtcLattice, semiring: str = "log"):
-    """Runs `log_ctc_step` and `log_renormalise` over the rows' frames of `table` [B, T, S]
-    (forward rows frame t, backward rows frame T-1-t, states reversed).
+    """Runs `log_ctc_step` over the rows' frames of `table` [B, T, S] (forward rows frame t, backward
+    rows frame T-1-t, states reversed), each row shifted back to max 0 at every frame.
 
     Returns (last carry [R, S], (alpha, beta, norm_f, norm_b), log-scale sum [R]): alpha [B, T, S] =
-    the forward rows' carry after each frame, beta [B, T, S] = the backward rows' incoming sum at
-    each frame (both in natural order); norm_* [B, T] the log-scales removed by the
-    renormalisations, each booked on its frame (so that alpha's scale includes its own frame and
-    beta's does not)."""
+    the forward rows' scores after each frame (including its emission), beta [B, T, S] = the backward
+    rows' incoming sums at each frame (excluding its emission), both in natural order; norm_* [B, T]
+    the shift each row's scores took at that frame (so that alpha's scale is the sum of norm_f over frames <= t,
+    beta's that of norm_b over frames >= t).
+
+    The shift by the previous frame's max is applied inside the next step (the carry is the
+    unshifted scores and their max), and each table row holds its frame's shift in a last column,
+    so that a frame costs one fused step, one reduction and two table writes."""
     batch, frames, _, states = lat.shape
     valid = lat.frame_valid
-    zeros = jnp.zeros((batch, frames, states), jnp.float32)
-    outs = (zeros, zeros, jnp.zeros((batch, frames), jnp.float32), jnp.zeros((batch, frames), jnp.float32))
+    buf = jnp.zeros((batch, frames, states + 1), jnp.float32)
 
     def body(t, state):
         """Frame t (forward rows) and T-1-t (backward rows)."""
-        carry, (alpha, beta, norm_f, norm_b) = state
+        post, offset, alpha, beta = state
         back = frames - t - 1
+        shift = jnp.where(jnp.isfinite(offset), offset, 0.0)
         at = lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)  # noqa: E731  [B, 1, ...]
         frame = jnp.concatenate([at(table, t)[:, 0], at(table, back)[:, 0, ::-1]], axis=0)
         frame_valid = jnp.concatenate([at(valid, t)[:, 0], at(valid, back)[:, 0]], axis=0)
-        carry, incoming = log_ctc_step(carry, frame, frame_valid, lat.skip, semiring)
-        carry, log_scale = log_renormalise(carry)
+        post, incoming = log_ctc_step(post - shift[:, None], frame, frame_valid, lat.skip, semiring)
         put = lambda x, row, start: jax.lax.dynamic_update_slice_in_dim(x, row[:, None], start, axis=1)  # noqa: E731
-        return carry, (put(alpha, carry[:batch], t), put(beta, incoming[batch:, ::-1], back),
-                       put(norm_f, log_scale[:batch], t), put(norm_b, log_scale[batch:], back))
+        alpha = put(alpha, jnp.concatenate([post[:batch], shift[:batch, None]], axis=1), t)
+        beta = put(beta, jnp.concatenate([incoming[batch:, ::-1], shift[batch:, None]], axis=1), back)
+        return post, jnp.max(post, axis=1), alpha, beta
 
-    carry, outs = jax.lax.fori_loop(0, frames, body, (init, outs))
-    return carry, outs, jnp.concatenate([jnp.sum(outs[2], axis=1), jnp.sum(outs[3], axis=1)])
+    post, offset, alpha, beta = jax.lax.fori_loop(
+        0, frames, body, (init, jnp.zeros(init.shape[:1], jnp.float32), buf, buf))
+    last_shift = jnp.where(jnp.isfinite(offset), offset, 0.0)
+    norm_f, norm_b = alpha[:, :, -1], beta[:, :, -1]
+    scale_sum = jnp.concatenate([jnp.sum(norm_f, axis=1), jnp.sum(norm_b, axis=1)]) + last_shift
+    return post - last_shift[:, None], (alpha[:, :, :-1], beta[:, :, :-1], norm_f, norm_b), scale_sum
 
 
 def log_occupancy(lat: CtcLattice, tables, log_z):
@@ -185,8 +171,8 @@ def log_occupancy(lat: CtcLattice, tables, log_z):
     each frame (`normalise_over_states`)."""
     alpha, beta, scale_f, scale_b = tables
     # log of the factor that turns alpha * beta into gamma: forward scales of frames <= t,
-    # backward scales of frames > t, minus log Z.
-    log_factor = jnp.cumsum(scale_f, axis=1) + (jax.lax.cumsum(scale_b, axis=1, reverse=True) - scale_b)
+    # backward scales of frames >= t, minus log Z.
+    log_factor = jnp.cumsum(scale_f, axis=1) + jax.lax.cumsum(scale_b, axis=1, reverse=True)
     log_factor = log_factor - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None]
     # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
     gamma = exp_flushed(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
