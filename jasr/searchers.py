@@ -211,7 +211,7 @@ def graph_searcher(base: Searcher, s, tokenizer) -> Searcher:
             raise ConfigError(f"decode: cannot read the rescoring LM {rescore_path}: {e}") from e
     paths = dict(num_paths=int(s.num_paths), nbest_scale=float(s.nbest_scale))
     keys = ([_scale_key(how, a, b) for a in lm_scales for b in att_scales] if how == "attention_rescoring"
-            else [_scale_key(how, a) for a in lm_scales])
+            else [_scale_key(how, a) for a in lm_scales] if how.endswith("_rescoring") else [])
 
     def search(lp, pads, score_fn=None):
         key = jax.random.PRNGKey(0)

@@ -265,7 +265,8 @@ def test_graph_decoding_methods(run, tmp_path, capsys):
         assert [r["id"] for r in res] == ids
         return out, res
 
-    _, best = graph("one_best", "--graph-decoding", "one_best")
+    out, best = graph("one_best", "--graph-decoding", "one_best", "--lm-scales", "1.0,0.5")
+    assert "lm_scale" not in out and not any("rescored" in r for r in best)      # scales are for rescoring only
     # the whole lattice rescored with the graph's own LM at the graph's scale (the config's lm_weight 1.0): the
     # same best paths
     out, whole = graph("whole", "--graph-decoding", "whole_lattice_rescoring", "--rescore-lm", grammar)
