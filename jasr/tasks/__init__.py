@@ -3,8 +3,10 @@ the training loop and decode.py need to know about it, and one line in :data:`FA
 
 Adding a family: write ``jasr/tasks/NAME.py`` with a Task subclass (``name``, ``loss_types``,
 ``model_config_class``, ``build``, ``init``, ``loss``, ``greedy_decode``; override ``check_config``,
-``subsampling``, ``feature_config``, ``label_fn`` or ``load_pretrained`` where the defaults do not fit), then add
-its line below. ``model.name`` in a run config picks the family.
+``subsampling``, ``feature_config``, ``label_fn`` or ``load_pretrained`` where the defaults do not fit; a CTC head
+answers ``has_ctc_head`` / ``ctc_log_probs`` (lexicon, LM and graph decoding), an attention decoder ``beam_decode`` /
+``sequence_log_probs`` (beam search, n-best rescoring)), then add its line below. ``model.name`` in a run config
+picks the family.
 """
 from __future__ import annotations
 
