@@ -3,14 +3,18 @@
 :func:`collect_utterances` turns a split, a manifest or files/folders into utterances (input order kept; files
 that cannot be read become records with a reason). :func:`transcribe` decodes them with a loaded run
 (:func:`jasr.training.load_run`, or :func:`jasr.hf_runs.load_hf_model`) in the run's length-bucketed batch shapes
-(a handful of compiled programs) with the search of its settings (:mod:`jasr.searchers`: greedy, CTC prefix beam
-search with LM / lexicon / hotwords, HLG graph decoding; for a family without a CTC head its attention decoder's
-beam search, :meth:`jasr.tasks.Task.beam_decode`: AED with length normalisation and optional joint CTC prefix
-scores, Whisper with the KV cache over its first 30 s window), and returns one result per input, in input order.
+(a handful of compiled programs) and returns one result per input, in input order. :func:`decode_mode` says how:
+a search over the CTC head's log-probs (:meth:`jasr.tasks.Task.ctc_log_probs`; :mod:`jasr.searchers`: greedy,
+CTC prefix beam search with LM / lexicon / hotwords, HLG graph decoding with icefall's n-best and rescoring
+methods, attention-decoder rescoring through :meth:`jasr.tasks.Task.sequence_log_probs`), the attention decoder's
+beam search (method "beam" of a family that has one: AED with length normalisation and optional joint CTC prefix
+scores, :meth:`jasr.tasks.Task.beam_decode`; Whisper long-form with beam search in every 30 s window), or the
+family's own greedy decoder (Whisper: long-form).
 
-Results are dicts: ``id``, ``ref``, ``hyp``, ``tokens``, ``score``, ``duration``, ``nbest`` ([{"text", "score"}]
-with n-best > 1), ``words`` ([{"word", "start", "end"}] where the method gives token frames), or ``error``.
-Writers and the error report: :mod:`jasr.outputs`.
+Results are dicts: ``id``, ``ref``, ``hyp``, ``tokens``, ``score``, ``duration``, ``nbest`` ([{"text", "score",
+...}] with n-best > 1), ``rescored`` ({scale key: {"text", "score"}} for graph rescoring), ``words`` ([{"word",
+"start", "end"}] where the method gives token frames), or ``error``. Writers and the error report:
+:mod:`jasr.outputs`.
 """
 from __future__ import annotations
 
