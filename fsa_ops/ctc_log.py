@@ -24,6 +24,8 @@ and ``gamma[t, s] = alpha[t, s] * beta[t, s] / Z``.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -108,10 +110,12 @@ def _run_pallas(lat: CtcLattice, lp, store: bool, semiring: str):
     batch = lat.shape[0]
     skip, start, final = natural_row_masks(lat)
     valid = lat.frame_valid
-    table, scale, last = ctc_loop_pallas(
-        jnp.concatenate([lp, lp[:, ::-1]]), jnp.concatenate([valid, valid[:, ::-1]]), skip,
-        jnp.where(start, 0.0, -jnp.inf).astype(jnp.float32), batch=batch, semiring=semiring,
-        interpret=jax.default_backend() == "cpu")
+    args = (jnp.concatenate([lp, lp[:, ::-1]]), jnp.concatenate([valid, valid[:, ::-1]]), skip,
+            jnp.where(start, 0.0, -jnp.inf).astype(jnp.float32))
+    kernel = functools.partial(ctc_loop_pallas, batch=batch, semiring=semiring)
+    # interpreted where the program is lowered for the CPU, compiled (Triton) for GPUs
+    table, scale, last = jax.lax.platform_dependent(
+        *args, cpu=functools.partial(kernel, interpret=True), default=functools.partial(kernel, interpret=False))
     scale_sum = jnp.sum(scale, axis=1)
     log_z = _finish(last, final, scale_sum, semiring)
     if not store:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from jax import export
 
 from fsa_ops.ctc import ctc_nll
 from fsa_ops.ctc_lattice import CtcLattice, log_normaliser
@@ -110,6 +111,32 @@ def test_tropical_scores_are_the_best_alignment():
         top = lp[b, np.arange(frames)[None, :], paths[np.array(fits)]].sum(axis=1).max()
         np.testing.assert_allclose(float(best[b]), top, rtol=1e-5)
         np.testing.assert_allclose(float(best[B + b]), top, rtol=1e-5)     # the backward rows agree
+
+
+@pytest.mark.parametrize("semiring", ["log", "tropical"])
+def test_kernel_lowers_to_triton_for_cuda(semiring):
+    """No GPU here: lowering for the 'cuda' platform still runs Pallas's Triton lowering rules on every
+    op of the kernel (an unsupported op or block shape fails here, not on a GPU); the Triton custom call
+    and its barriers are in the module."""
+    rows, frames, states = 4, 6, 5
+    fn = jax.jit(functools.partial(ctc_loop_pallas, batch=2, semiring=semiring, interpret=False))
+    args = (jax.ShapeDtypeStruct((rows, frames, states), jnp.float32), jax.ShapeDtypeStruct((rows, frames), bool),
+            jax.ShapeDtypeStruct((rows, states), bool), jax.ShapeDtypeStruct((rows, states), jnp.float32))
+    exported = export.export(fn, platforms=["cuda"], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(*args)
+    text = exported.mlir_module()
+    assert "__gpu$xla.gpu.triton" in text and 'name = "ctc_frame_loop"' in text
+
+
+def test_loss_and_gradient_lower_for_cuda_through_the_kernel():
+    """jasr.ctc_loss's value_and_grad with implementation='pallas' lowers for 'cuda' (custom_vjp, the
+    gather and the gradient around the kernel)."""
+    logits, fp, labels, lpad = _batch(1.0)
+    fn = jax.jit(jax.value_and_grad(lambda x: jnp.sum(ctc_loss(x, fp, labels, lpad, implementation="pallas"))))
+    triton = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    exported = export.export(fn, platforms=["cuda"], disabled_checks=triton)(
+        jax.ShapeDtypeStruct(logits.shape, jnp.float32))
+    assert exported.mlir_module().count('name = "ctc_frame_loop"') == 1
 
 
 def test_dispatch_and_bad_arguments():
