@@ -217,6 +217,13 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     return new, (parent, added)
 
 
+def _fold(s: _Beam, g, has) -> _Beam:
+    """Blank frames folded in: where has, every prefix takes the blank on each of them (g: their summed blank
+    log-probs), so all its mass ends in a blank (pb = logaddexp(pb, pnb) + g, pnb = -inf). s: [B, K]; g, has: [B]."""
+    ab = jnp.logaddexp(s.pb, s.pnb)
+    return s._replace(pb=jnp.where(has[:, None], ab + g[:, None], s.pb), pnb=jnp.where(has[:, None], _NEG, s.pnb))
+
+
 def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, look: LmLookahead | None,
             s: _Beam):
     """End of utterance: the open word (its look-ahead out, its LM score in), the LM's end of sentence, unfinished
@@ -255,8 +262,22 @@ def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sched=None) -> BeamSearchResult:
+def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sched=None, comp=None
+            ) -> BeamSearchResult:
     B, T, V = log_probs.shape
+    bi = jnp.arange(B)[:, None]
+    if comp is None:   # every frame searched
+        gap, has = jnp.zeros((B, T + 1)), jnp.zeros((B, T + 1), bool)
+        orig_t = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    else:   # blank frames (bonly) folded into the column seg; the columns are the frames idx ([B, Tc], cpad)
+        orig_t, cpad, seg, bonly = comp
+        blank_lp = jnp.where(bonly, log_probs[..., o.blank_id].astype(jnp.float32), 0.0)
+        gap = jnp.zeros((B, orig_t.shape[1] + 1)).at[bi, seg].add(blank_lp)
+        has = jnp.zeros((B, orig_t.shape[1] + 1), bool).at[bi, seg].max(bonly)
+        log_probs = jnp.take_along_axis(log_probs, orig_t[..., None], 1)
+        paddings = cpad
+    T_out, T = T, log_probs.shape[1]
+    gap_t, has_t = jnp.moveaxis(gap[:, :T], 1, 0), jnp.moveaxis(has[:, :T], 1, 0)               # [T, B]
     K, N = o.beam, o.nbest
     first = jnp.arange(K) == 0
     lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (B, K) + jnp.shape(a)),
@@ -269,7 +290,7 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sche
     frame = jax.vmap(functools.partial(_frame, o, w, lm, lex, hot, look))
 
     def step(s, x):
-        return frame(s, *x)
+        return frame(_fold(s, x[4], x[5]), *x[:4])
 
     lp = jnp.moveaxis(log_probs.astype(jnp.float32), 1, 0)                                  # [T, B, V]
     # the candidate tokens of every frame, chosen before the scan (they do not depend on the beam)
@@ -282,7 +303,7 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sche
     c_lp = jnp.where((c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp, -1)[..., None]), c_lp, _NEG)
     c_tok, pads = c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0)
     if sched is None:
-        beam, (parents, added) = jax.lax.scan(step, beam, (lp, c_lp, c_tok, pads))          # [T, B, K]
+        beam, (parents, added) = jax.lax.scan(step, beam, (lp, c_lp, c_tok, pads, gap_t, has_t))          # [T, B, K]
         frame_of, last_of = jnp.arange(T), jnp.ones((T,), bool)
     else:   # steps = chunks of frames (_schedule): candidate columns [c * C, (c + 1) * C) of frame f
         frame_of, chunk_of, first_of, last_of, valid = sched
@@ -293,16 +314,19 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sche
         cols = jnp.arange(C)[None, None] + (chunk_of * C)[:, None, None]                      # [S, 1, C]
         xs = (lp[frame_of], jnp.take_along_axis(c_lp[frame_of], cols, -1),
               jnp.take_along_axis(c_tok[frame_of], cols, -1), jnp.where(valid[:, None], pads[frame_of], 1.0),
-              jnp.broadcast_to(first_of[:, None], (first_of.shape[0], B)))
+              jnp.broadcast_to(first_of[:, None], (first_of.shape[0], B)),
+              gap_t[frame_of], has_t[frame_of] & first_of[:, None])
 
         def chunk_step(carry, x):
             s, orig, links = carry
+            s = _fold(s, x[5], x[6])
             new, links = frame(s, *x[:4], orig, x[4], links)
             orig = jax.tree.map(lambda a, c: jnp.where(x[4].reshape((B,) + (1,) * (a.ndim - 1)), a, c), s, orig)
             return (new, orig, links), links
 
         links = (jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), jnp.full((B, K), -1, jnp.int32))
         (beam, _, _), (parents, added) = jax.lax.scan(chunk_step, (beam, beam, links), xs)   # [S, B, K]
+    beam = _fold(beam, gap[:, T], has[:, T])   # blank frames after the last column
     total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot, look))(beam)
     scores, sel = jax.lax.top_k(total, N)                                                   # [B, N]
     take = jax.vmap(lambda a, i: a[i])
@@ -313,14 +337,15 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sche
         par, add, t, last = x
         tk = jnp.where(last, take(add, slot), -1)
         pos = pos - (tk >= 0)
-        return (jnp.where(last, take(par, slot), slot), pos), (tk, jnp.where(tk >= 0, pos, T), jnp.full_like(tk, t))
+        at = jnp.broadcast_to(orig_t[:, t][:, None], tk.shape)
+        return (jnp.where(last, take(par, slot), slot), pos), (tk, jnp.where(tk >= 0, pos, T_out), at)
 
     _, (toks, pos, frames) = jax.lax.scan(back, (sel, lengths), (parents, added, frame_of, last_of), reverse=True)
     S = parents.shape[0]
     bi, ni = jnp.meshgrid(jnp.arange(B), jnp.arange(N), indexing="ij")
     bi, ni = jnp.broadcast_to(bi, (S, B, N)), jnp.broadcast_to(ni, (S, B, N))
-    tokens = jnp.full((B, N, T), -1, jnp.int32).at[bi, ni, pos].set(toks, mode="drop")
-    token_frames = jnp.full((B, N, T), -1, jnp.int32).at[bi, ni, pos].set(frames, mode="drop")
+    tokens = jnp.full((B, N, T_out), -1, jnp.int32).at[bi, ni, pos].set(toks, mode="drop")
+    token_frames = jnp.full((B, N, T_out), -1, jnp.int32).at[bi, ni, pos].set(frames, mode="drop")
     dead = scores == _NEG
     return BeamSearchResult(tokens, lengths, scores, take(acoustic, sel), jnp.where(dead, 0.0, take(lm_total, sel)),
                             jnp.where(dead, 0, take(words, sel)), token_frames)
@@ -332,8 +357,43 @@ _STEP_COST = 25   # the cost of a search step beside its candidate columns, in c
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def _frame_counts(log_probs, paddings, blank_id, min_logp):
-    ok = (log_probs >= min_logp) & (paddings[..., None] < 0.5) & (jnp.arange(log_probs.shape[-1]) != blank_id)
-    return ok.sum(-1).max(0)
+    """[B, T] int32: the candidate tokens of each frame (non-blank, log-prob >= min_logp, or the frame's best
+    token if it is no blank); 0 on padding. A frame with 0 is a blank frame."""
+    ok = (log_probs >= min_logp) & (jnp.arange(log_probs.shape[-1]) != blank_id)
+    n = jnp.maximum(ok.sum(-1), (jnp.argmax(log_probs, -1) != blank_id).astype(jnp.int32))
+    return jnp.where(paddings < 0.5, n, 0).astype(jnp.int32)
+
+
+def _bucket(n: int) -> int:
+    """Compacted lengths: powers of two up to 16, then multiples of a quarter of the next power of two."""
+    p = _pow2(n)
+    return p if p <= 16 else -(-n // (p // 4)) * (p // 4)
+
+
+def _compaction(counts: np.ndarray, paddings: np.ndarray, compact: bool):
+    """Host plan of the blank-frame folding. counts [B, T] (_frame_counts). -> ((orig_t [B, Tc], cpad [B, Tc],
+    seg [B, T], bonly [B, T]) as device arrays, candidates per column [Tc]). compact: the columns are each row's
+    frames with candidates, in order (Tc: the most of a row, bucketed); else every frame, a blank frame being a
+    padded column that folds itself."""
+    B, T = counts.shape
+    bonly = (counts == 0) & (paddings < 0.5)
+    if compact:
+        keep = counts > 0
+        n_keep = keep.sum(1)
+        Tc = min(_bucket(max(int(n_keep.max(initial=0)), 1)), T)
+        order = np.argsort(~keep, axis=1, kind="stable")[:, :Tc]          # each row's kept frames first, in order
+        valid = np.arange(Tc)[None] < n_keep[:, None]
+        orig_t = np.where(valid, order, T - 1)
+        seg = np.cumsum(keep, 1) - keep                                    # the column after a blank frame
+        seg = np.where(seg >= n_keep[:, None], Tc, seg)                    # ... or the end
+        col_counts = np.where(valid, np.take_along_axis(counts, orig_t, 1), 0).max(0)
+        cpad = (~valid).astype(np.float32)
+    else:
+        orig_t = np.broadcast_to(np.arange(T), (B, T))
+        seg, col_counts = orig_t, counts.max(0)
+        cpad = np.maximum(paddings, bonly).astype(np.float32)
+    comp = tuple(jnp.asarray(a) for a in (orig_t.astype(np.int32), cpad, seg.astype(np.int32), bonly))
+    return comp, col_counts
 
 
 def _pow2(n: int) -> int:
@@ -366,8 +426,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
                            beam_prune_logp: float | None = None, lm: Any = None, lm_weight: float = 0.0,
                            lm_level: str = "token", word_bonus: float = 0.0, lexicon: Lexicon | None = None,
                            constrain_to_lexicon: bool = False, oov_penalty: float = 0.0,
-                           hotwords: Hotwords | None = None, lm_lookahead: LmLookahead | None = None
-                           ) -> BeamSearchResult:
+                           hotwords: Hotwords | None = None, lm_lookahead: LmLookahead | None = None,
+                           blank_frames: str = "compact") -> BeamSearchResult:
     """CTC prefix beam search over a batch (see the module docstring for the score).
 
     Args:
@@ -388,6 +448,13 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
       hotwords: context-biasing automaton (jasr.lexicon.make_hotwords).
       lm_lookahead: LM look-ahead of partial words (jasr.lexicon.make_lm_lookahead of the same lexicon and LM);
         needs lm_level="word". Changes pruning only (module docstring).
+      blank_frames: with token_min_logp, a blank frame (no candidate token: the blank is its best token and no
+        other reaches token_min_logp) only adds the blank to every prefix (pyctcdecode's rule: the alignments that
+        repeat the last token there, or grow by a token below token_min_logp, are dropped). "compact" (default;
+        "fold" under jit): each row's other frames are gathered to the front and scanned (their number bucketed:
+        one compiled program per bucket), runs of blank frames folded in between (pb = logaddexp(pb, pnb) + their
+        blank log-probs, pnb = -inf); "fold": the same rule scanning every frame (same results); "full": blank
+        frames searched as any other frame.
     Returns:
       BeamSearchResult, [B, N, ...], best first; tokens padded to T with -1.
     """
@@ -407,10 +474,23 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     if token_topk is not None and not 1 <= token_topk:
         raise ValueError(f"token_topk must be >= 1, got {token_topk}")
     topk = V if token_topk is None else min(int(token_topk), V - 1)
-    sched, chunk = None, 0
-    if token_topk is None and token_min_logp is not None and not isinstance(log_probs, jax.core.Tracer):
+    if blank_frames not in ("compact", "fold", "full"):
+        raise ValueError(f"blank_frames must be 'compact', 'fold' or 'full', got {blank_frames!r}")
+    sched, chunk, comp = None, 0, None
+    concrete = not isinstance(log_probs, jax.core.Tracer) and not isinstance(paddings, jax.core.Tracer)
+    if token_min_logp is not None and blank_frames != "full" and not concrete:   # under jit: fold on device
+        counts = _frame_counts(log_probs, paddings.astype(jnp.float32), blank_id, jnp.float32(token_min_logp))
+        bonly = (counts == 0) & (paddings < 0.5)
+        ts = jnp.broadcast_to(jnp.arange(counts.shape[1], dtype=jnp.int32), counts.shape)
+        comp = (ts, jnp.maximum(paddings, bonly).astype(jnp.float32), ts, bonly)
+    if token_min_logp is not None and concrete:
         counts = np.asarray(_frame_counts(log_probs, paddings.astype(jnp.float32), blank_id,
                                           jnp.float32(token_min_logp)))
+        if blank_frames != "full":
+            comp, counts = _compaction(counts, np.asarray(paddings), blank_frames == "compact")
+        else:
+            counts = counts.max(0)
+    if token_topk is None and token_min_logp is not None and concrete:
         whole = min(_pow2(counts.max(initial=0)), topk)
         if whole > _CHUNK:   # chunk where fewer, narrower steps cost less (a step ~ _STEP_COST + its columns)
             steps, cols = _schedule(counts, _CHUNK)
@@ -447,7 +527,7 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     f32 = lambda x, d: jnp.float32(d if x is None else x)  # noqa: E731
     w = _Weights(f32(lm_weight, 0.0), f32(word_bonus, 0.0), f32(oov_penalty, 0.0), f32(token_min_logp, -np.inf),
                  f32(beam_prune_logp, -np.inf))
-    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings.astype(jnp.float32), sched)
+    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings.astype(jnp.float32), sched, comp)
 
 
 def nbest_lists(result: BeamSearchResult) -> list[list[tuple[list[int], float]]]:
