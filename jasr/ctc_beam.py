@@ -265,6 +265,7 @@ def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None
 def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sched=None, comp=None
             ) -> BeamSearchResult:
     B, T, V = log_probs.shape
+    paddings = paddings.astype(jnp.float32)
     bi = jnp.arange(B)[:, None]
     if comp is None:   # every frame searched
         gap, has = jnp.zeros((B, T + 1)), jnp.zeros((B, T + 1), bool)
@@ -358,10 +359,10 @@ _STEP_COST = 25   # the cost of a search step beside its candidate columns, in c
 @functools.partial(jax.jit, static_argnums=(2,))
 def _frame_counts(log_probs, paddings, blank_id, min_logp):
     """[B, T] int32: the candidate tokens of each frame (non-blank, log-prob >= min_logp, or the frame's best
-    token if it is no blank); 0 on padding. A frame with 0 is a blank frame."""
+    token if it is no blank); -1 on padding. A frame with 0 is a blank frame."""
     ok = (log_probs >= min_logp) & (jnp.arange(log_probs.shape[-1]) != blank_id)
     n = jnp.maximum(ok.sum(-1), (jnp.argmax(log_probs, -1) != blank_id).astype(jnp.int32))
-    return jnp.where(paddings < 0.5, n, 0).astype(jnp.int32)
+    return jnp.where(paddings < 0.5, n, -1).astype(jnp.int32)
 
 
 def _bucket(n: int) -> int:
@@ -370,13 +371,13 @@ def _bucket(n: int) -> int:
     return p if p <= 16 else -(-n // (p // 4)) * (p // 4)
 
 
-def _compaction(counts: np.ndarray, paddings: np.ndarray, compact: bool):
+def _compaction(counts: np.ndarray, compact: bool):
     """Host plan of the blank-frame folding. counts [B, T] (_frame_counts). -> ((orig_t [B, Tc], cpad [B, Tc],
-    seg [B, T], bonly [B, T]) as device arrays, candidates per column [Tc]). compact: the columns are each row's
+    seg [B, T], bonly [B, T]), numpy, and the candidates per column [Tc]). compact: the columns are each row's
     frames with candidates, in order (Tc: the most of a row, bucketed); else every frame, a blank frame being a
     padded column that folds itself."""
     B, T = counts.shape
-    bonly = (counts == 0) & (paddings < 0.5)
+    bonly = counts == 0
     if compact:
         keep = counts > 0
         n_keep = keep.sum(1)
@@ -391,9 +392,8 @@ def _compaction(counts: np.ndarray, paddings: np.ndarray, compact: bool):
     else:
         orig_t = np.broadcast_to(np.arange(T), (B, T))
         seg, col_counts = orig_t, counts.max(0)
-        cpad = np.maximum(paddings, bonly).astype(np.float32)
-    comp = tuple(jnp.asarray(a) for a in (orig_t.astype(np.int32), cpad, seg.astype(np.int32), bonly))
-    return comp, col_counts
+        cpad = (counts <= 0).astype(np.float32)
+    return (orig_t.astype(np.int32), cpad, seg.astype(np.int32), bonly), np.maximum(col_counts, 0)
 
 
 def _pow2(n: int) -> int:
@@ -418,7 +418,7 @@ def _schedule(counts: np.ndarray, chunk: int):
     last_of = np.zeros(S, bool)
     last_of[:total] = chunk_of[:total] == np.repeat(n, n) - 1
     valid = np.arange(S) < total
-    return tuple(jnp.asarray(a) for a in (frame_of, chunk_of, first_of, last_of, valid)), _pow2(int(n.max())) * chunk
+    return (frame_of, chunk_of, first_of, last_of, valid), _pow2(int(n.max())) * chunk
 
 
 def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | None = None, blank_id: int = 0,
@@ -479,17 +479,15 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     sched, chunk, comp = None, 0, None
     concrete = not isinstance(log_probs, jax.core.Tracer) and not isinstance(paddings, jax.core.Tracer)
     if token_min_logp is not None and blank_frames != "full" and not concrete:   # under jit: fold on device
-        counts = _frame_counts(log_probs, paddings.astype(jnp.float32), blank_id, jnp.float32(token_min_logp))
-        bonly = (counts == 0) & (paddings < 0.5)
+        counts = _frame_counts(log_probs, paddings, blank_id, np.float32(token_min_logp))
         ts = jnp.broadcast_to(jnp.arange(counts.shape[1], dtype=jnp.int32), counts.shape)
-        comp = (ts, jnp.maximum(paddings, bonly).astype(jnp.float32), ts, bonly)
+        comp = (ts, (counts <= 0).astype(jnp.float32), ts, counts == 0)
     if token_min_logp is not None and concrete:
-        counts = np.asarray(_frame_counts(log_probs, paddings.astype(jnp.float32), blank_id,
-                                          jnp.float32(token_min_logp)))
+        counts = np.asarray(_frame_counts(log_probs, paddings, blank_id, np.float32(token_min_logp)))
         if blank_frames != "full":
-            comp, counts = _compaction(counts, np.asarray(paddings), blank_frames == "compact")
+            comp, counts = _compaction(counts, blank_frames == "compact")
         else:
-            counts = counts.max(0)
+            counts = np.maximum(counts.max(0), 0)
     if token_topk is None and token_min_logp is not None and concrete:
         whole = min(_pow2(counts.max(initial=0)), topk)
         if whole > _CHUNK:   # chunk where fewer, narrower steps cost less (a step ~ _STEP_COST + its columns)
@@ -509,7 +507,7 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
         if table is not None and table.shape[-1] != V:
             raise ValueError(f"{name} is built for {table.shape[-1]} tokens, log_probs has V={V}")
     if (lexicon is not None and not isinstance(lexicon.boundary, jax.core.Tracer)
-            and bool(lexicon.boundary[blank_id] | lexicon.word_start[blank_id])):
+            and bool(np.asarray(lexicon.boundary)[blank_id] | np.asarray(lexicon.word_start)[blank_id])):
         raise ValueError("lexicon: the blank cannot be a boundary or word-start token")
     if lm_lookahead is not None:
         if lm is None or lm_level != "word" or lexicon is None:
@@ -524,10 +522,10 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
             raise ValueError(f"{name} must be <= 0 (a log-probability offset), got {val}")
     o = _Opts(int(beam), int(nbest), int(blank_id), topk, lm_level if lm is not None else None,
               bool(constrain_to_lexicon), chunk)
-    f32 = lambda x, d: jnp.float32(d if x is None else x)  # noqa: E731
+    f32 = lambda x, d: np.float32(d if x is None else x)  # noqa: E731
     w = _Weights(f32(lm_weight, 0.0), f32(word_bonus, 0.0), f32(oov_penalty, 0.0), f32(token_min_logp, -np.inf),
                  f32(beam_prune_logp, -np.inf))
-    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings.astype(jnp.float32), sched, comp)
+    return _search(o, w, lm, lexicon, hotwords, lm_lookahead, log_probs, paddings, sched, comp)
 
 
 def nbest_lists(result: BeamSearchResult) -> list[list[tuple[list[int], float]]]:
