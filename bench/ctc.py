@@ -385,8 +385,8 @@ def gpu_report(args, impls, rows, gpu_name, load_before):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="time the GPU paths (Pallas, XLA) at the GPU shapes")
-    parser.add_argument("--reps", type=int, default=5, help="minimum rounds per (shape, distribution)")
-    parser.add_argument("--min-seconds", type=float, default=0.5,
+    parser.add_argument("--reps", type=int, default=9, help="minimum rounds per (shape, distribution)")
+    parser.add_argument("--min-seconds", type=float, default=1.0,
                         help="more rounds (up to %d) until each implementation ran about this long" % MAX_REPS)
     parser.add_argument("--burst-ms", type=float, default=3.0, help="steady calls per turn: about this long, 1 to 8")
     parser.add_argument("--shapes", nargs="*", default=None, help="B,T,K,N entries")
