@@ -30,6 +30,11 @@ printed. lexicon and graph need a CTC head (conformer_ctc, wav2vec2_ctc, conform
 transcript. A file that cannot be read is reported (a "failed:" line, a result with an "error" field) and counts
 in WER/CER as all deletions (a manifest's transcript is its reference); the others are decoded.
 
+Long files (longer than --long-file-seconds) decode in bounded memory: CTC models stream the audio and run their
+encoder over fixed windows (--chunk-seconds, with --context-seconds on each side), then search the whole file's
+log-probs as above; AED runs decode pieces of at most --segment-seconds cut at quiet points and join the texts
+(JSONL "segments" with times); Whisper transcribes long-form (30 s windows, seeking on timestamps).
+
 Outputs (--format, or the extension of --output), in input order (a manifest's order, unreadable entries
 included): jsonl (id, ref, hyp, tokens, score, n-best with scores, rescored texts per scale, word timestamps where
 the method gives them, error), txt (id<TAB>text), srt / vtt (subtitles: one file, or a folder with one file per
@@ -41,7 +46,8 @@ import sys
 
 SETTINGS = ("method", "beam", "nbest", "lm", "lm_weight", "word_bonus", "lexicon", "grammar", "hotword_boost",
             "token_min_logp", "length_penalty", "ctc_weight", "graph_decoding", "num_paths", "nbest_scale",
-            "rescore_lm", "lm_scales", "attention_scales")
+            "rescore_lm", "lm_scales", "attention_scales", "lm_lookahead", "long_file_seconds", "chunk_seconds",
+            "context_seconds", "segment_seconds")
 GRAPH_METHODS = ("one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring", "attention_rescoring")
 
 
@@ -84,6 +90,9 @@ def _parser():
                    help="phrases to boost (repeat the flag or separate by commas)")
     s.add_argument("--hotword-boost", type=float, help="boost per matched token of a hotword")
     s.add_argument("--token-min-logp", type=float, help="grow prefixes only by tokens at least this likely")
+    s.add_argument("--lm-lookahead", action="store_true", default=None,
+                   help="beam/lexicon with a word LM: score partial words by the best LM word below them in the "
+                        "lexicon (changes pruning, not final scores; helps narrow beams)")
     s.add_argument("--length-penalty", type=float, help="attention beam search (AED, Whisper): length normalisation "
                                                         "exponent")
     s.add_argument("--ctc-weight", type=float, help="AED beam search: weight of the CTC prefix score (joint runs)")
@@ -99,6 +108,13 @@ def _parser():
                         "(default: --lm-weight)")
     s.add_argument("--attention-scales", type=_scales, metavar="S[,S...]",
                    help="graph attention_rescoring: attention-decoder scales (default 1.0)")
+    lf = p.add_argument_group("long files (bounded memory; jasr.long_audio)")
+    lf.add_argument("--long-file-seconds", type=float, help="files longer than this decode in pieces (default 60)")
+    lf.add_argument("--chunk-seconds", type=float, help="CTC models: encoder windows of this length (default 10)")
+    lf.add_argument("--context-seconds", type=float, help="CTC models: context on each side of a window, not "
+                                                          "output (default 2)")
+    lf.add_argument("--segment-seconds", type=float, help="attention decoders (AED): pieces of at most this, cut "
+                                                          "at quiet points (default 20)")
     o = p.add_argument_group("output")
     o.add_argument("--output", help="where to write the results (default WORKDIR/decode_<name>.jsonl, with "
                                     "--hf-model ./decode_<name>.jsonl)")

@@ -135,6 +135,18 @@ def base_config() -> ml_collections.ConfigDict:
     c.decode.token_min_logp = -10.0     # grow prefixes only by tokens at least this likely (speed; best always)
     c.decode.length_penalty = 0.0       # attention beam search (AED: GNMT, Whisper: m ** p): length normalisation
     c.decode.ctc_weight = 0.0           # AED beam search: (1 - w) * attention + w * CTC prefix score (joint runs)
+    c.decode.lm_lookahead = False       # beam/lexicon with a word LM: score partial words by the best word below
+    c.decode.graph_decoding = "one_best"  # method graph: one_best | nbest | nbest_rescoring |
+    #                                       whole_lattice_rescoring | attention_rescoring (icefall's methods)
+    c.decode.num_paths = 100            # graph n-best methods: paths sampled per lattice
+    c.decode.nbest_scale = 0.5          # graph n-best methods: lattice score scale for the sampling
+    c.decode.rescore_lm = ""            # graph rescoring: the (larger) word LM ("" = the grammar)
+    c.decode.lm_scales = ()             # graph rescoring: LM scales (the first gives the transcript; () = lm_weight)
+    c.decode.attention_scales = (1.0,)  # graph attention_rescoring: attention-decoder scales
+    c.decode.long_file_seconds = 60.0   # longer files decode in pieces, in bounded memory (jasr.long_audio):
+    c.decode.chunk_seconds = 10.0       #   CTC heads over windows of chunk_seconds ...
+    c.decode.context_seconds = 2.0      #   ... with this much context on each side (kept out of the output)
+    c.decode.segment_seconds = 20.0     #   attention decoders: pieces of at most this, cut at quiet points
     return c
 
 
@@ -271,7 +283,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
         paths = [("data.train_manifest", d.train_manifest), ("data.dev_manifest", d.dev_manifest),
                  ("train.init_from", t.init_from)]
         paths += [(f"data.eval_manifests.{k}", v) for k, v in d.eval_manifests.items()]
-        paths += [(f"decode.{k}", cfg.decode[k]) for k in ("lm", "lexicon", "grammar")]
+        paths += [(f"decode.{k}", cfg.decode[k]) for k in ("lm", "lexicon", "grammar", "rescore_lm")]
         for key, p in paths:
             if p and not (d.demo and key.startswith("data.")):
                 full = p if os.path.isabs(p) else os.path.join(root, p)

@@ -27,11 +27,12 @@ from jasr.errors import ConfigError
 from jasr.graph_decoding import (GraphHypothesis, attention_rescoring, empty_hypothesis, nbest, nbest_rescoring,
                                   one_best, whole_lattice_rescoring)
 from jasr.hlg import compile_hlg, lang_from_tokenizer
-from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, word_boundaries
+from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, make_lm_lookahead, word_boundaries
 from jasr.ngram import read_arpa
 from jasr.run_data import resolve
 
-__all__ = ["GRAPH_DEFAULTS", "GRAPH_METHODS", "GraphResult", "SETTING_KEYS", "Searcher", "check_graph_settings",
+__all__ = ["GRAPH_DEFAULTS", "GRAPH_METHODS", "LONG_AUDIO_DEFAULTS", "OPTIONAL_DEFAULTS", "GraphResult",
+           "SETTING_KEYS", "Searcher", "check_graph_settings",
            "graph_searcher", "make_searcher", "read_word_list", "settings_from_config",
            "spelled_words", "unspellable_note"]
 
@@ -41,6 +42,11 @@ GRAPH_METHODS = ("one_best", "nbest", "nbest_rescoring", "whole_lattice_rescorin
 # method 'graph' settings: read from a config's decode section where it has them, else these defaults
 GRAPH_DEFAULTS = {"graph_decoding": "one_best", "num_paths": 100, "nbest_scale": 0.5, "rescore_lm": "",
                   "lm_scales": (), "attention_scales": (1.0,)}
+# files longer than long_file_seconds: CTC heads run over chunk_seconds windows with context_seconds each side
+# (jasr.long_audio); attention decoders decode pieces of at most segment_seconds cut in silence
+LONG_AUDIO_DEFAULTS = {"long_file_seconds": 60.0, "chunk_seconds": 10.0, "context_seconds": 2.0,
+                       "segment_seconds": 20.0}
+OPTIONAL_DEFAULTS = {**GRAPH_DEFAULTS, **LONG_AUDIO_DEFAULTS, "lm_lookahead": False}
 
 
 def settings_from_config(cfg: ml_collections.ConfigDict, overrides: dict | None = None, *,
@@ -49,7 +55,7 @@ def settings_from_config(cfg: ml_collections.ConfigDict, overrides: dict | None 
     `overrides` (decode.py's flags: key -> value, None = not given) on top; config paths resolve against `root`
     (the repo), flag paths as given. Raises ConfigError naming the bad setting."""
     dc = ml_collections.ConfigDict({k: cfg.decode[k] for k in SETTING_KEYS})
-    for k, v in GRAPH_DEFAULTS.items():
+    for k, v in OPTIONAL_DEFAULTS.items():       # keys a run saved before they existed lacks
         dc[k] = cfg.decode.get(k, v)
     for k in ("lm", "lexicon", "grammar", "rescore_lm"):
         if dc[k]:
@@ -66,7 +72,8 @@ def settings_from_config(cfg: ml_collections.ConfigDict, overrides: dict | None 
 
 
 def check_graph_settings(dc: ml_collections.ConfigDict) -> None:
-    """Checks the settings of method 'graph' (GRAPH_DEFAULTS' keys); ConfigError naming the setting."""
+    """Checks the settings of method 'graph' and of long files (GRAPH_DEFAULTS', LONG_AUDIO_DEFAULTS' keys);
+    ConfigError naming the setting."""
     def req(cond, key, msg):
         if not cond:
             raise ConfigError(f"decode setting '{key}' {msg}")
@@ -77,6 +84,9 @@ def check_graph_settings(dc: ml_collections.ConfigDict) -> None:
     for k in ("lm_scales", "attention_scales"):
         req(all(float(x) > 0 for x in dc[k]), k, f"must be values > 0, got {tuple(dc[k])}")
     req(len(dc.attention_scales) >= 1, "attention_scales", "needs at least one value")
+    for k in ("long_file_seconds", "chunk_seconds", "segment_seconds"):
+        req(dc[k] > 0, k, f"must be > 0, got {dc[k]}")
+    req(dc.context_seconds >= 0, "context_seconds", f"must be >= 0, got {dc.context_seconds}")
 
 
 def read_word_list(path: str) -> list[str]:
@@ -157,12 +167,18 @@ def make_searcher(settings: ml_collections.ConfigDict, tokenizer, blank_id: int)
               lm=lm, lm_weight=float(s.lm_weight) if lm is not None else 0.0, lm_level="word",
               word_bonus=float(s.word_bonus), lexicon=lexicon, constrain_to_lexicon=s.method == "lexicon",
               hotwords=hot)
+    if s.lm_lookahead:
+        if lm is None or lexicon is None:
+            raise ConfigError("decode setting 'lm_lookahead' needs a word LM (--lm, or --grammar with --method "
+                              "lexicon): it scores partial words by the best LM word below them in the lexicon")
+        kw["lm_lookahead"] = make_lm_lookahead(lexicon, lm)
     desc = f"{s.method} (CTC prefix beam search, beam {s.beam}"
     if lexicon is not None:
         desc += f", {'constrained to ' if s.method == 'lexicon' else ''}{len(words)} lexicon words"
         desc += unspellable_note(unspellable)
     if lm is not None:
         desc += f", word {lm.order}-gram LM {os.path.basename(lm_path)} x {s.lm_weight}"
+        desc += ", LM look-ahead" if s.lm_lookahead else ""
     desc += f"{', word bonus %g' % s.word_bonus if s.word_bonus else ''}{', hotwords' if hot else ''})"
     return dataclasses.replace(base, search=lambda lp, pads: ctc_prefix_beam_search(lp, pads, **kw),
                                description=desc)

@@ -34,9 +34,13 @@ from jasr.audio import AudioError, audio_info
 from jasr.ctc_beam import word_timestamps
 from jasr.errors import ConfigError
 from jasr.hf_runs import HFCTCTokenizer, load_hf_model
+from jasr.long_audio import (decode_segments, iter_audio_blocks, iter_chunked_log_probs, join_segments,
+                             segment_reader, split_points, stream_energy_db, stream_features, task_log_probs_fn,
+                             task_segment_decoder)
 from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, check_utterances, read_folder, read_manifest
 from jasr.outputs import FORMATS, alignment, error_report, format_from_path, write_results
-from jasr.run_data import make_eval_loader, reference_texts, split_utterances, with_placeholder_transcripts
+from jasr.run_data import (feature_config, make_eval_loader, reference_texts, split_utterances,
+                           with_placeholder_transcripts)
 from jasr.searchers import Searcher, make_searcher, settings_from_config
 from jasr.steps import AUDIO_KEYS
 from jasr.tasks import Task, family
@@ -44,7 +48,8 @@ from jasr.tasks.base import SearchOptions
 from jasr.training import RunInfo, decode_function, score_results
 
 # the pipeline's own names, then those of the modules split from it (decode.py and bench/ use them from here)
-__all__ = ["attention_scorer", "collect_utterances", "decode_mode", "input_order", "manifest_entries",
+__all__ = ["attention_scorer", "collect_utterances", "decode_mode", "input_order", "long_file_decoder",
+           "manifest_entries",
            "search_options", "transcribe", "whisper_beam_function",
            "FORMATS", "HFCTCTokenizer", "Searcher", "alignment", "error_report", "format_from_path", "load_hf_model",
            "make_searcher", "settings_from_config", "write_results"]
@@ -261,6 +266,16 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
         results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or r.get("text") or "", "error": r["reason"]}
     shift = 0.01 * family(run.config.model.name).subsampling(run.config)
     t0 = time.time()
+    long_files = [] if task.transcribes_whole_files and not ctc else \
+        [u for u in ok if u.duration > settings.long_file_seconds]
+    if long_files:
+        ok = [u for u in ok if u.duration <= settings.long_file_seconds]
+        decode_long = long_file_decoder(run, settings, searcher, mode)
+        for u in tqdm(long_files, disable=not progress, desc="decode long files", unit="file", dynamic_ncols=True):
+            try:
+                results[u.id] = decode_long(u, texts.get(u.id) or "", shift)
+            except AudioError as e:
+                results[u.id] = {"id": u.id, "ref": texts.get(u.id) or "", "error": str(e)}
     if ok:
         loader = make_eval_loader(run.config, ok, tok, edges=run.bucket_edges, task=task, whole_files=whole)
         for r in loader.skipped:
@@ -308,7 +323,7 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
     dt = time.time() - t0
     out = [results[i] for i in input_order(utts, list(bad)) if i in results]
     failed = [r for r in out if "error" in r]
-    audio_s = sum(u.duration for u in ok)
+    audio_s = sum(u.duration for u in ok) + sum(u.duration for u in long_files)
     name = run.config.model.name
     method = (searcher.description if searcher else
               f"beam ({name}'s attention beam search, beam {settings.beam}"
@@ -320,6 +335,55 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
         m["wer_by_key"] = {k: score_results([{**r, "hyp": r["rescored"][k]["text"]} if "rescored" in r else r
                                              for r in out])["wer"] for k in searcher.keys}
     return m, out
+
+
+def long_file_decoder(run: RunInfo, settings, searcher: Searcher | None, mode: str) -> Callable:
+    """decode(utterance, ref, frame_shift) -> result of one file longer than ``settings.long_file_seconds``, in
+    bounded memory (jasr.long_audio). A CTC head ("ctc" mode): streamed features (or samples), log-probs of windows
+    of ``chunk_seconds`` with ``context_seconds`` on each side, then the same search as short files over the
+    whole file's log-probs. An attention decoder: pieces of at most ``segment_seconds`` cut at quiet points,
+    decoded greedily or by beam search, their texts joined (result ``segments`` with times)."""
+    task, tok, cfg = run.task, run.tokenizer, run.config
+    fc = feature_config(cfg)
+    sr, raw = fc.sample_rate, cfg.data.feature == "raw"
+    if mode == "ctc":
+        # input rows (feature frames, or samples) per second and per output frame
+        per_s = sr if raw else 100
+        sub = family(cfg.model.name).subsampling(cfg) * (sr // 100 if raw else 1)
+        chunk = max(int(round(settings.chunk_seconds * per_s)) // sub, 1) * sub
+        context = int(round(settings.context_seconds * per_s)) // sub * sub
+        fn = task_log_probs_fn(task, run.state, raw_audio=raw)
+
+        def decode_ctc(u: Utterance, ref: str, shift: float) -> dict:
+            def blocks():
+                return iter_audio_blocks(u.audio_path, sr)
+            parts = iter_chunked_log_probs(fn, blocks() if raw else stream_features(blocks, fc), chunk_frames=chunk,
+                                           left_context=context, right_context=context, subsampling=sub)
+            lp = np.concatenate(list(parts))[None]
+            pads = np.zeros(lp.shape[:2], np.float32)
+            if searcher.search is None:
+                row = _greedy_rows(lp, pads, task.blank_id)[0]
+            elif searcher.graph:
+                row = _graph_rows(searcher, lp, pads)[0]
+            else:
+                row = _beam_rows(searcher.search(lp, pads), pads)[0]
+            return _result(u.id, ref, u.duration, row, tok, searcher, shift)
+        return decode_ctc
+
+    opts = search_options(run, settings) if mode == "attention_beam" else None
+    seg = float(settings.segment_seconds)
+    dec = task_segment_decoder(task, run.state, None if raw else fc, options=opts)
+    frame = max(sr // 100, 1)
+
+    def decode_segmented(u: Utterance, ref: str, shift: float) -> dict:
+        energy, n = stream_energy_db(iter_audio_blocks(u.audio_path, sr), frame)
+        segs = split_points(energy, frame, n, max_samples=int(seg * sr), search_samples=int(seg * sr / 2))
+        pieces = decode_segments(dec, segment_reader(u.audio_path, sr), segs, sample_rate=sr,
+                                 pad_samples=int(seg * sr))
+        joined = join_segments(pieces, tok.decode)
+        return {"id": u.id, "ref": ref, "hyp": joined["text"], "tokens": [t for p in pieces for t in p["tokens"]],
+                "duration": round(u.duration, 3), "segments": joined["segments"]}
+    return decode_segmented
 
 
 def search_options(run: RunInfo, settings) -> SearchOptions:

@@ -11,6 +11,7 @@ import shutil
 import jiwer
 import numpy as np
 import pytest
+import soundfile as sf
 
 from jasr.audio import load_audio
 from jasr.config import apply_override, load_config_file
@@ -324,3 +325,42 @@ def test_manifest_order_with_unreadable_entries(run, tmp_path, capsys):
     # against n reference words it costs n errors, as n deletions do)
     wer = 100 * jiwer.wer([r["ref"] for r in res], [r.get("hyp") or "<none>" for r in res])
     assert f"WER {wer:.2f}%" in out
+
+
+def test_long_file_decodes_in_windows(run, tmp_path, capsys):
+    """A file longer than --long-file-seconds runs through jasr.long_audio's windows; with context covering the
+    whole file every window sees all of it, so greedy and lexicon decoding give the whole-file texts."""
+    workdir, manifest, ids = run
+    rows = read_jsonl(manifest)
+    wave = np.concatenate([load_audio(r["audio"], 8000) for r in rows])          # ~12 s of digits
+    path = tmp_path / "long.wav"
+    sf.write(str(path), wave, 8000)
+    for method in ("greedy", "lexicon"):
+        whole, windows = tmp_path / f"whole_{method}.jsonl", tmp_path / f"windows_{method}.jsonl"
+        rc, out, err = decode(capsys, "--workdir", workdir, path, "--method", method, "--output", whole)
+        assert rc == 0, err
+        rc, out, err = decode(capsys, "--workdir", workdir, path, "--method", method, "--output", windows,
+                              "--long-file-seconds", "5", "--chunk-seconds", "2", "--context-seconds", "30")
+        assert rc == 0, err
+        a, b = read_jsonl(whole)[0], read_jsonl(windows)[0]
+        assert a["hyp"] == b["hyp"] and a["tokens"] == b["tokens"], (method, a["hyp"], b["hyp"])
+        assert b["duration"] == pytest.approx(len(wave) / 8000, abs=1e-3)
+    rc, out, err = decode(capsys, "--workdir", workdir, path, "--method", "greedy", "--output", windows,
+                          "--long-file-seconds", "5", "--chunk-seconds", "1", "--context-seconds", "0.5")
+    assert rc == 0, err
+    assert len(read_jsonl(windows)) == 1                            # short context: runs, the text may differ
+    rc, out, err = decode(capsys, "--workdir", workdir, path, "--chunk-seconds", "0")
+    assert rc == 2 and "chunk_seconds' must be > 0" in err
+
+
+def test_lm_lookahead_flag(run, tmp_path, capsys):
+    workdir, manifest, ids = run
+    out_path = tmp_path / "la.jsonl"
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path,
+                          "--method", "lexicon", "--lm-lookahead")
+    assert rc == 0, err
+    assert "LM look-ahead" in out
+    assert [r["id"] for r in read_jsonl(out_path)] == ids
+    rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--method", "beam", "--lexicon", "",
+                          "--lm-lookahead")
+    assert rc == 2 and "lm_lookahead' needs a word LM" in err
