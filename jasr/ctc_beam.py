@@ -434,7 +434,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
       log_probs: [B, T, V] float log-softmax outputs (log semiring; float32 inside). paddings: [B, T], 1.0 = padded
         frame (leaves the beam unchanged).
       beam: prefixes kept per frame (static). nbest: hypotheses returned (<= beam; default: beam).
-      token_topk: grow prefixes by at most this many tokens per frame (static). Default: all tokens, or, with
+      token_topk: grow prefixes by at most this many tokens per frame (static; with token_min_logp and concrete
+        inputs, fewer where no frame has that many candidates: a power of two, exact). Default: all tokens, or, with
         token_min_logp and concrete inputs, as many as any frame has at or above it, rounded up to a power of two
         (exact; one small device-to-host read, and one compiled program per power of two); where fewer frames
         have many, those are searched in several steps of 8 candidates each (exact as well: each step grows the
@@ -495,6 +496,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
             if steps[0].shape[0] * (_STEP_COST + _CHUNK) < len(counts) * (_STEP_COST + whole):
                 sched, chunk, whole = steps, _CHUNK, min(cols, topk)
         topk = whole
+    elif token_min_logp is not None and concrete:   # no more columns than any frame has candidates (exact)
+        topk = min(topk, _pow2(counts.max(initial=0)))
     if lm_level not in ("token", "word"):
         raise ValueError(f"lm_level must be 'token' or 'word', got {lm_level!r}")
     if lm is not None and not all(hasattr(lm, a) for a in ("start_state", "advance", "final")):
