@@ -14,12 +14,15 @@ RESULTS_DIR = os.path.join(HERE, "results")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 # (report file, what it measures, command), in the order of RESULTS.md
 SECTIONS = [
-    ("ctc.md", "jasr.ctc_loss vs optax and torch (issue: foundation)", "./run.sh bench ctc"),
+    ("ctc.md", "jasr.ctc_loss vs optax and torch on N(0,1) x1/x3/x10 and trained-model log-probs (issues: "
+     "foundation, lattice kernels)", "./run.sh bench ctc"),
     ("fsa.md", "graph CTC / intersect_dense / LF-MMI denominator scoring (issue: fsa_ops)", "./run.sh bench fsa"),
     ("fsa_structure.md", "structure ops on 10^6 arcs with ragged aux_labels; compose + determinize of a "
      "lexicon-by-grammar graph (issue: fsa_ops)", "./run.sh bench fsa_structure"),
-    ("decode.md", "CTC prefix beam search with a word n-gram LM vs pyctcdecode + kenlm (issue: decoding)",
-     "python bench/decode.py --venv VENV_WITH_PYCTCDECODE_AND_KENLM"),
+    ("decode.md", "CTC prefix beam search with a word n-gram LM vs pyctcdecode + kenlm and flashlight-text "
+     "(issue: decoding)", "python bench/decode.py --venv VENV_WITH_PYCTCDECODE_KENLM_FLASHLIGHT_TEXT"),
+    ("long_audio.md", "long files in bounded memory: chunked CTC RTF and peak memory at 1/10/60 min (issue: "
+     "decoding)", "nice -n 10 python bench/long_audio.py --workdir runs/fsdd"),
     ("fsdd_decoding.md", "FSDD held-out speaker WER per decoding method (issue: decoding)",
      "python bench/fsdd_decoding.py --workdir runs/fsdd"),
     ("models.md", "Whisper / Wav2Vec2 in jasr vs transformers (issue: models)", "./run.sh bench models"),

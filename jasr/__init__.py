@@ -1,9 +1,10 @@
 """jasr: speech recognition in pure JAX.
 
 ``import jasr`` gives the user-facing names: the losses, audio loading and features, tokenizers, the data pipeline,
-decoding and metrics. Lattice algorithms live in :mod:`fsa_ops` (k2 names), networks in :mod:`models`; the model
-families in :mod:`jasr.tasks`, the pure train/eval steps in :mod:`jasr.steps`, a run's data in :mod:`jasr.run_data`
-and the training loop in :mod:`jasr.training` (driven by ``train.py``).
+decoding (search, LMs, graphs, long files) and metrics. Lattice algorithms live in :mod:`fsa_ops` (k2 names),
+networks in :mod:`models`; the model families in :mod:`jasr.tasks`, the pure train/eval steps in :mod:`jasr.steps`,
+a run's data in :mod:`jasr.run_data`, meshes and sharding in :mod:`jasr.sharding` and the training loop in
+:mod:`jasr.training` (driven by ``train.py``).
 """
 from jasr.audio import AudioError, audio_info, load_audio, resample
 from jasr.augment import AudioAugment, spec_augment
@@ -17,7 +18,10 @@ from jasr.graph_decoding import (GraphHypothesis, attention_rescoring, get_latti
                                   whole_lattice_rescoring)
 from jasr.hlg import (DecodingGraph, Lang, compile_hlg, compile_lg, compile_tlg, grammar_fsa, lang_from_tokenizer,
                       lexicon_fst, load_lang, make_lang, read_lexicon, save_lang)
-from jasr.lexicon import Hotwords, Lexicon, lexicon_from_tokenizer, make_hotwords, make_lexicon, word_boundaries
+from jasr.lexicon import (Hotwords, Lexicon, LmLookahead, lexicon_from_tokenizer, make_hotwords, make_lexicon,
+                          make_lm_lookahead, word_boundaries)
+from jasr.long_audio import (chunked_ctc_log_probs, decode_segments, iter_audio_blocks, iter_chunked_log_probs,
+                             join_segments, split_on_silence, stream_features, task_log_probs_fn, task_segment_decoder)
 from jasr.losses import ctc_loss, joint_ctc_attention_loss, wav2vec2_ctc_loss
 from jasr.manifests import ManifestError, Utterance, read_folder, read_manifest, write_manifest
 from jasr.metrics import cer, wer
@@ -37,6 +41,9 @@ __all__ = [
     "ctc_greedy_decode", "ctc_greedy_ids", "ids_to_text", "wer", "cer",
     "ctc_prefix_beam_search", "BeamSearchResult", "nbest_lists", "word_timestamps",
     "Lexicon", "Hotwords", "make_lexicon", "lexicon_from_tokenizer", "make_hotwords", "word_boundaries",
+    "LmLookahead", "make_lm_lookahead",
+    "iter_audio_blocks", "stream_features", "iter_chunked_log_probs", "chunked_ctc_log_probs", "task_log_probs_fn",
+    "split_on_silence", "decode_segments", "join_segments", "task_segment_decoder",
     "Lang", "DecodingGraph", "read_lexicon", "make_lang", "lang_from_tokenizer", "save_lang", "load_lang",
     "lexicon_fst", "grammar_fsa", "compile_lg", "compile_hlg", "compile_tlg",
     "GraphHypothesis", "get_lattice", "one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring",

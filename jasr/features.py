@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse
 
-from jasr.cmvn import CmvnStats, accumulate_cmvn, apply_cmvn, utterance_cmvn  # noqa: F401  (accumulate_cmvn: re-exported)
+from jasr.cmvn import CmvnStats, apply_cmvn, utterance_cmvn
 
 __all__ = [
     "FeatureConfig", "compute_features", "num_frames", "feature_dim",
