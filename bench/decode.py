@@ -547,7 +547,7 @@ def write_report(args, sections, jax_version):
         "decode_batch (a process pool) is not used: the machine has two shared cores.", "",
         "Reading the speed-ups: jasr's cost per searched frame is fixed by its static shapes (batch x beam x "
         "tokens tried per frame), whatever the logits, and a call has a fixed cost beside (dispatch, back-trace: "
-        "~0.3 ms at batch 32); blank frames cost next to nothing (folded), but a batch scans as many steps as its "
+        "~0.3-0.5 ms at batch 32); blank frames cost next to nothing (folded), but a batch scans as many steps as its "
         "row with the most non-blank frames (bucketed); the peers' cost per frame follows the number of "
         "hypotheses they keep alive, which a confident model's short utterances (fsdd) cut to one or two: there "
         "pyctcdecode spends "
