@@ -366,9 +366,10 @@ def _frame_counts(log_probs, paddings, blank_id, min_logp):
 
 
 def _bucket(n: int) -> int:
-    """Compacted lengths: powers of two up to 16, then multiples of a quarter of the next power of two."""
+    """Compacted lengths: powers of two up to 16, then multiples of an eighth of the next power of two (at most
+    12.5 % padded steps, eight compiled programs per octave)."""
     p = _pow2(n)
-    return p if p <= 16 else -(-n // (p // 4)) * (p // 4)
+    return p if p <= 16 else -(-n // (p // 8)) * (p // 8)
 
 
 def _compaction(counts: np.ndarray, compact: bool):
