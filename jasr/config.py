@@ -120,6 +120,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.ema_decay = 0.0             # > 0: keep an EMA of the params (jasr.averaging), checkpointed with the
     #                                     state; dev evaluation, best checkpoint and load_run use the EMA
 
+    # devices: a mesh over jax.devices() (all processes); -1 takes the devices left over. Batches split over
+    # data x fsdp (batch sizes are rounded to multiples of it), parameters and optimiser state over fsdp (along
+    # embed) and tensor (mlp, heads, vocab), by the model family's logical axis rules (jasr.sharding)
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+    c.mesh.pipeline = 1                 # pipeline stages: not implemented yet (must be 1)
+
     # decode.py's defaults for this run (its flags override them); paths relative to the repo root
     c.decode = ml_collections.ConfigDict()
     c.decode.method = "greedy"          # "greedy" | "beam" | "lexicon" | "graph" (beam/lexicon/graph: CTC models)
@@ -272,6 +281,14 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                                                    f"got {ls.gumbel_temperature_decay}")
     _require(t.max_decode_tokens >= 0, f"config 'train.max_decode_tokens' must be >= 0, got {t.max_decode_tokens}")
     check_decode(cfg.decode)
+    m = cfg.mesh
+    for k in ("data", "fsdp", "tensor", "pipeline"):
+        _require(isinstance(m[k], int) and (m[k] >= 1 or m[k] == -1), f"config 'mesh.{k}' must be >= 1 or -1 (the "
+                                                                     f"devices left over), got {m[k]!r}")
+    _require(sum(m[k] == -1 for k in ("data", "fsdp", "tensor", "pipeline")) <= 1,
+             "config 'mesh': only one axis may be -1 (the devices left over)")
+    _require(m.pipeline == 1, f"config 'mesh.pipeline'={m.pipeline}: pipeline parallelism is not implemented yet "
+                              f"(use data, fsdp and tensor)")
     if t.init_from and check_paths:
         root = repo_root or os.getcwd()
         full = t.init_from if os.path.isabs(t.init_from) else os.path.join(root, t.init_from)

@@ -23,14 +23,17 @@ import os
 import re
 from typing import Any, Callable
 
+import jax
 import ml_collections
 import numpy as np
 
 from jasr.augment import AudioAugment
 from jasr.data import BatchConfig, DataError, make_loader
 from jasr.demo_data import DemoCorpusConfig, make_demo_corpus
+from jasr.errors import ConfigError
 from jasr.features import WHISPER_CHUNK_SAMPLES, WHISPER_SAMPLE_RATE, FeatureConfig, feature_dim
 from jasr.manifests import Utterance, check_utterances, read_manifest
+from jasr.sharding import mesh_shape
 from jasr.tasks import Task, family
 from jasr.tokenizers import CharTokenizer, load_tokenizer
 
@@ -148,11 +151,24 @@ def raw_audio_batches(cfg: ml_collections.ConfigDict) -> bool:
     return bool(cfg.data.device_features or cfg.data.feature == "raw")
 
 
+def mesh_batch_devices(cfg: ml_collections.ConfigDict) -> int:
+    """Devices the config's mesh splits a batch over (data x fsdp): batch sizes are multiples of it."""
+    mesh = cfg.get("mesh")
+    if mesh is None:       # a run saved before the mesh section existed
+        return 1
+    try:
+        shape = mesh_shape(dict(mesh), jax.device_count())
+    except ValueError as e:
+        raise ConfigError(f"config 'mesh': {e}") from e
+    return shape["data"] * shape["fsdp"]
+
+
 def batch_config(cfg: ml_collections.ConfigDict) -> BatchConfig:
     d = cfg.data
     return BatchConfig(max_frames=d.max_frames,
                        bucket_boundaries=tuple(d.bucket_boundaries) or None, num_buckets=d.num_buckets,
                        label_pad_multiple=d.label_pad_multiple, max_batch_size=d.max_batch_size or None,
+                       batch_pad_multiple=mesh_batch_devices(cfg),
                        subsampling=family(cfg.model.name).subsampling(cfg),
                        ctc_alignment=cfg.loss.type in ("ctc", "joint"),
                        drop_unfit=d.drop_unfit, drop_too_long=d.drop_too_long,

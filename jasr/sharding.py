@@ -15,6 +15,7 @@ The ``pipeline`` axis holds the stages of a pipelined layer stack; outside a pip
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Mapping, Sequence
 
@@ -25,7 +26,8 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = ["MESH_AXES", "DEFAULT_RULES", "mesh_shape", "make_mesh", "logical_specs", "logical_shardings",
-           "state_shardings", "batch_sharding", "replicated", "fit_to_shape", "check_batch_divisible"]
+           "state_shardings", "batch_sharding", "replicated", "fit_to_shape", "check_batch_divisible", "batch_devices",
+           "shard_batch", "mesh_context"]
 
 MESH_AXES = ("pipeline", "data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -45,7 +47,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 
 def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
     """The size of every mesh axis: `sizes` maps axis names (of :data:`MESH_AXES`; missing ones are 1) to positive
-    ints, at most one of them -1 (the devices left over). The product must be `num_devices`."""
+    ints, at most one of them -1 (the devices left over, at least 1). Without a -1 the product may be less than
+    `num_devices` (the mesh then uses the first devices), never more."""
     unknown = sorted(set(sizes) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"mesh: unknown axis {unknown} (axes are {MESH_AXES})")
@@ -62,9 +65,8 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
             raise ValueError(f"mesh: {num_devices} devices do not divide by the fixed axes' product {fixed} "
                              f"({shape})")
         shape[rest[0]] = num_devices // fixed
-    elif fixed != num_devices:
-        raise ValueError(f"mesh: axis sizes {shape} multiply to {fixed}, but there are {num_devices} devices "
-                         f"(set one axis to -1 to take the rest)")
+    elif fixed > num_devices:
+        raise ValueError(f"mesh: axis sizes {shape} multiply to {fixed}, but there are only {num_devices} devices")
     return shape
 
 
@@ -75,6 +77,7 @@ def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = N
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(sizes, len(devices))
     dims = tuple(shape[a] for a in MESH_AXES)
+    devices = devices[:math.prod(dims)]
     try:
         grid = mesh_utils.create_device_mesh(dims, devices=devices)
     except (AssertionError, NotImplementedError, ValueError):   # topologies it does not know: plain order
@@ -119,10 +122,27 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> None:
     """A clear error when `batch_size` rows cannot split evenly over the batch axes of `mesh`."""
-    n = mesh.shape["data"] * mesh.shape["fsdp"]
+    n = batch_devices(mesh)
     if batch_size % n:
         raise ValueError(f"{what} of {batch_size} rows does not split over mesh data x fsdp = {n} devices; "
                          f"use a batch size (data.max_frames / bucket shapes) that is a multiple of {n}")
+
+
+def batch_devices(mesh: Mesh) -> int:
+    """Devices a batch is split over (data x fsdp): batch sizes must be multiples of it."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def shard_batch(batch, mesh: Mesh):
+    """A batch (dict of host arrays, leading dim = rows) placed with :func:`batch_sharding`."""
+    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), batch)
+
+
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh, rules=DEFAULT_RULES):
+    """`mesh` and logical axis `rules` in effect (jit, with_logical_constraint) inside the block."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
+        yield mesh
 
 
 def _path_key(path) -> tuple:

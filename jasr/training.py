@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -32,6 +33,8 @@ from jasr.config import ConfigError, load_saved_config, save_config, validate_co
 from jasr.logs import SkipLog, TrainLogger
 from jasr.manifests import Utterance, check_utterances
 from jasr.optim import make_optimizer_from_config
+from jasr.sharding import (DEFAULT_RULES, batch_devices, logical_specs, make_mesh, mesh_context, replicated,
+                           shard_batch, state_shardings)
 from jasr.run_data import (RunData, check_bad_fraction, cut_dev_summary, device_inputs, dummy_batch, feature_config,
                            make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
                            resolve, unencodable_summary)
@@ -78,6 +81,14 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     init_key = jax.random.PRNGKey(cfg.seed)
     abstract = jax.eval_shape(init_fn, init_key, batch=init_batch)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
+    # -- devices: a mesh over the devices of all processes; params and optimiser state sharded by logical names --
+    mesh = make_mesh(cfg.mesh)
+    sharded = mesh.size > 1
+    rules = getattr(task, "logical_axis_rules", DEFAULT_RULES)
+    shardings = state_shardings(abstract, logical_specs(abstract.params), mesh, rules) if sharded else None
+    if sharded:
+        print(f"[train] mesh {dict(mesh.shape)} over {mesh.size} of {jax.device_count()} devices "
+              f"({jax.devices()[0].platform}); batch rows split over {batch_devices(mesh)}", flush=True)
     edges = [float(b.max_duration) for b in train_loader.buckets]
     dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, edges=edges, task=task) if data.dev else None
     print(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
@@ -96,7 +107,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     if ckpt.latest_step() is not None:
         # the newest checkpoint that reads back whole; newer ones that do not are set aside (<step>.corrupt), so
         # that the run writes those steps again
-        _, saved, extra, skipped = ckpt.restore_intact(_abstract_like(checkpoint_tree(abstract, t.ema_decay)))
+        target = checkpoint_tree(abstract, t.ema_decay)
+        _, saved, extra, skipped = ckpt.restore_intact(_abstract_like(
+            target, checkpoint_tree(shardings, t.ema_decay) if sharded else None))
         state, ema = split_checkpoint_tree(saved, t.ema_decay)
         for s, why in skipped:
             moved = ckpt.set_aside(s)
@@ -113,6 +126,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         print(f"[train] initialised from {src}", flush=True)
     else:
         state = _commit(init_fn(init_key, batch=init_batch))
+    if sharded:        # a restored checkpoint comes back sharded already; a fresh or imported state is placed here
+        state = jax.device_put(state, shardings)
+        ema = None if ema is None else jax.device_put(ema, shardings.params)
     if start == 0:
         ema = state.params if t.ema_decay > 0 else None    # ema_0 = params_0
     if start >= t.num_steps:
@@ -121,7 +137,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         return {"step": start}
 
     # -- steps, logs, dev evaluation, checkpoints ---------------------------------------------------------------
-    train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx))
+    train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx),
+                       **({"out_shardings": (shardings, replicated(mesh))} if sharded else {}))
     ema_fn = jax.jit(lambda e, p, s: ema_update(e, p, ema_decay_at(s, t.ema_decay)))
     eval_fn = eval_function(task)
     dev_texts = reference_texts(data.dev)
@@ -135,14 +152,17 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     step = start
     final = {}
     t0 = time.time()
+    scope = contextlib.ExitStack()      # the mesh and axis rules, for the steps and evaluations below
     try:
+        if sharded:
+            scope.enter_context(mesh_context(mesh, rules))
         while step < t.num_steps:
             batch = next(it)
             if any(batch["errors"]):     # files that failed on first read: padding rows, named and counted
                 _log_failed(skips, step + 1, "train", batch["ids"], batch["errors"], data, counts, logger,
                             cfg.data.max_bad_fraction)
             inputs = device_inputs(batch)
-            state, m = train_fn(state, inputs, step_key(state))
+            state, m = train_fn(state, shard_batch(inputs, mesh) if sharded else inputs, step_key(state))
             step += 1
             if ema is not None:
                 ema = ema_fn(ema, state.params, state.step)
@@ -183,6 +203,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                 logger.write(f"[train] stopping after {step - start} steps (train.stop_after)")
                 break
     finally:
+        scope.close()
         ckpt.close()
         logger.close()
     final.update({"step": step, "wall_s": time.time() - t0, "skipped_total": int(state.skipped)})
@@ -293,8 +314,8 @@ def _log_failed(skips: SkipLog, step: int, split: str, ids, errors, data: RunDat
 
 
 def _check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
-    """A run may only resume with the config it started with (num_steps, display options and the decode section,
-    which training does not read, may change)."""
+    """A run may only resume with the config it started with (num_steps, display options, the decode section,
+    which training does not read, and the mesh, whose checkpoints restore onto any other, may change)."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
@@ -307,7 +328,7 @@ def _check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
                 yield prefix + (k,), (list(v) if isinstance(v, tuple) else v)
     a, b = dict(flat(load_saved_config(path).to_dict())), dict(flat(cfg.to_dict()))
     diff = sorted(".".join(k) for k in set(a) | set(b)
-                  if k not in _RESUMABLE_CHANGES and k[0] != "decode" and a.get(k) != b.get(k))
+                  if k not in _RESUMABLE_CHANGES and k[0] not in ("decode", "mesh") and a.get(k) != b.get(k))
     if diff:
         raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(diff[:5])} differ); "
                           f"resume with the same config or use a new --workdir")
@@ -338,11 +359,14 @@ def _commit(tree):
     return jax.tree.map(lambda x: jax.device_put(x, x.sharding), tree)
 
 
-def _abstract_like(tree):
-    """Restore targets with the live state's shardings: a restored state then lowers to the same program as a
-    fresh one (so the persistent compilation cache hits on resume)."""
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), tree)
+def _abstract_like(tree, shardings=None):
+    """Restore targets with the live state's shardings (one device, or `shardings` of a mesh: a checkpoint saved
+    under any mesh restores onto this one): a restored state then lowers to the same program as a fresh one (so
+    the persistent compilation cache hits on resume)."""
+    if shardings is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings)
 
 
 def _check_same_tree(params, abstract, src: str) -> None:

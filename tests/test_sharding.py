@@ -24,8 +24,9 @@ def test_mesh_shape_takes_the_rest_and_names_bad_sizes():
     assert mesh_shape({"fsdp": 4, "data": 2}, 8)["fsdp"] == 4
     with pytest.raises(ValueError, match="only one axis may be -1"):
         mesh_shape({"data": -1, "fsdp": -1}, 8)
-    with pytest.raises(ValueError, match="multiply to 4, but there are 8 devices"):
-        mesh_shape({"data": 4}, 8)
+    assert mesh_shape({"data": 4}, 8)["data"] == 4           # the first 4 devices
+    with pytest.raises(ValueError, match="multiply to 16, but there are only 8 devices"):
+        mesh_shape({"data": 4, "tensor": 4}, 8)
     with pytest.raises(ValueError, match="do not divide"):
         mesh_shape({"tensor": 3, "data": -1}, 8)
     with pytest.raises(ValueError, match="unknown axis"):
@@ -111,3 +112,64 @@ def test_sharded_step_equals_single_device():
     r = subprocess.run([sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
+
+
+TRAIN_CHECKS = textwrap.dedent('''
+    import json, os, sys, tempfile
+    import numpy as np
+    from jasr.config import apply_override, load_config_file
+    from jasr.logs import read_jsonl
+    from jasr.training import train
+
+    fsdd = os.path.join("..", "shared", "data", "fsdd")
+    with open(os.path.join(fsdd, "manifest.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    rows = [{**r, "audio": os.path.abspath(os.path.join(fsdd, r["audio"]))} for r in recs
+            if r["id"].endswith(("_george_0", "_george_1"))]                           # 20 utterances
+    tmp = tempfile.mkdtemp()
+    manifest = os.path.join(tmp, "train.jsonl")
+    with open(manifest, "w") as f:
+        f.write("".join(json.dumps(r) + chr(10) for r in rows))
+
+    def config(mesh, stop_after=0):
+        cfg = load_config_file("configs/fsdd.py")
+        for k, v in {"data.train_manifest": manifest, "data.speakers_dev": "()", "data.speed_perturb": "()",
+                     "data.gain_db": "()", "data.spec_augment": "False", "data.max_frames": "2400",
+                     "data.num_buckets": "1", "data.max_batch_size": "8", "model.d_model": "32",
+                     "model.num_layers": "1", "model.num_heads": "2", "model.ff_mult": "2", "model.conv_kernel": "7",
+                     "model.subsampling_channels": "8", "model.dropout_rate": "0.0", "model.ff_dropout_rate": "0.0",
+                     "optim.warmup_steps": "0", "optim.schedule": "constant", "optim.lr": "1e-3",
+                     "train.num_steps": "4", "train.log_every": "1", "train.checkpoint_every": "2",
+                     "train.stop_after": str(stop_after), "train.progress": "False", "train.tensorboard": "False",
+                     "train.async_checkpoint": "False", **{f"mesh.{a}": str(n) for a, n in mesh.items()}}.items():
+            apply_override(cfg, k, v)
+        return cfg
+
+    def losses(workdir):
+        return {r["step"]: r["loss"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+                if r["kind"] == "train"}
+
+    one = os.path.join(tmp, "one")
+    train(config({"data": 1}), one, root=".")
+    ref = losses(one)
+    moved = os.path.join(tmp, "moved")
+    train(config({"data": -1}, stop_after=2), moved, root=".")              # 8-way data parallel, 2 steps
+    train(config({"data": 2, "fsdp": 2, "tensor": 2}), moved, root=".")      # resumed on another mesh
+    got = losses(moved)
+    assert sorted(ref) == sorted(got) == [1, 2, 3, 4], (ref, got)
+    for s in ref:
+        assert abs(got[s] - ref[s]) <= 1e-4 * abs(ref[s]), (s, got[s], ref[s])
+    print("OK")
+''')
+
+
+def test_training_under_meshes_and_resuming_on_another_mesh():
+    """train() on one device, and on 8 (data parallel) stopped after 2 steps and resumed under dp2 x fsdp2 x tp2
+    from the checkpoint the first mesh wrote: the same losses step by step."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", TRAIN_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
+    assert "[train] mesh {'pipeline': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 of 8 devices" in r.stdout
+    assert "[train] mesh {'pipeline': 1, 'data': 8, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout
+    assert "resumed from" in r.stdout and "at step 2" in r.stdout
