@@ -12,6 +12,11 @@ last token) for merging, the fused scores and the LM / lexicon / hotword states.
 frame: each frame records for every beam slot its parent slot and the token it added (-1: none), and the n-best
 are traced back at the end. Hypothesis lengths are bounded by the number of frames (L = T).
 
+Blank frames (with token_min_logp: no candidate token, the blank the frame's best) only add the blank to every
+prefix; each row's other frames are gathered to the front and scanned, and each run of blank frames is folded into
+the beam before the next scanned frame (pb = logaddexp(pb, pnb) + the run's blank log-probs, pnb = -inf: a token
+equal to the last one then starts a new one), so peaky logits cost about their non-blank frames.
+
 Score of a hypothesis (what ranks the beam and the n-best):
     total = acoustic + lm_weight * lm + word_bonus * words + hotword bonus + oov_penalty * (out-of-lexicon words)
 with `acoustic` = log of the summed probability of all its alignments, `lm` = the LM log-probability (natural log)
