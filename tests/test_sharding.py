@@ -10,9 +10,14 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import pytest
+from jax.sharding import PartitionSpec
 
-from jasr.sharding import mesh_shape
+from jasr.config import apply_override, load_config_file
+from jasr.run_data import dummy_batch, feature_config, raw_audio_batches
+from jasr.sharding import logical_specs, mesh_shape
+from jasr.tasks import build_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -173,3 +178,22 @@ def test_training_under_meshes_and_resuming_on_another_mesh():
     assert "[train] mesh {'pipeline': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 of 8 devices" in r.stdout
     assert "[train] mesh {'pipeline': 1, 'data': 8, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout
     assert "resumed from" in r.stdout and "at step 2" in r.stdout
+
+
+def test_families_that_unbox_their_params_still_name_them():
+    """Wav2Vec2 (and Whisper) tasks return plain arrays from init; init_boxed keeps the logical names that the
+    mesh shards by, over the same tree."""
+    cfg = load_config_file(os.path.join(ROOT, "configs", "wav2vec2_ctc.py"))
+    for k, v in dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                     conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4), num_conv_pos_embeddings=8,
+                     num_conv_pos_embedding_groups=4).items():
+        apply_override(cfg, f"model.{k}", str(v))
+    task = build_task(cfg, 40, feature_config(cfg))
+    batch = dummy_batch((2, 16000, 8), feature_config(cfg), raw_audio_batches(cfg))
+    key = jax.random.PRNGKey(0)
+    boxed = jax.eval_shape(task.init_boxed, key, batch)["params"]
+    plain = jax.eval_shape(task.init, key, batch)["params"]
+    specs = jax.tree.leaves(logical_specs(boxed), is_leaf=lambda x: isinstance(x, PartitionSpec))
+    assert len(specs) == len(jax.tree.leaves(plain)) > 10
+    assert all(any(specs_i) for specs_i in specs)                    # every parameter has logical names
+    assert PartitionSpec("embed", "mlp") in specs                     # e.g. the feed-forward's first kernel

@@ -195,6 +195,11 @@ class Task:
     def init(self, key: jax.Array, batch: dict) -> dict:
         raise NotImplementedError
 
+    def init_boxed(self, key: jax.Array, batch: dict) -> dict:
+        """:meth:`init` with every parameter still in its logical-axis box (``nn.get_partition_spec`` reads the
+        names; jasr.sharding maps them to a mesh). The default is :meth:`init` (families that keep the boxes)."""
+        return self.init(key, batch)
+
     def loss(self, params, model_state, batch: dict, key, train: bool):
         raise NotImplementedError
 

@@ -79,10 +79,12 @@ class _Wav2Vec2Task(Task):
         return cls(model=model, frozen=frozen, blank_id=0)
 
     def init(self, key, batch):
+        return nn.unbox(self.init_boxed(key, batch))
+
+    def init_boxed(self, key, batch):
         k1, k2 = jax.random.split(key)
         audio = normalize_audio(batch["audio"], batch["audio_paddings"])
-        return nn.unbox(self.model.init({"params": k1, "dropout": k2}, audio, batch["audio_paddings"],
-                                        deterministic=True))
+        return self.model.init({"params": k1, "dropout": k2}, audio, batch["audio_paddings"], deterministic=True)
 
     def output_frames(self, samples, fc):
         return int(feat_extract_output_lengths(self.model.config, samples))

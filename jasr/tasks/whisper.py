@@ -115,9 +115,12 @@ class WhisperTask(Task):
                                                    else gen["max_initial_timestamp_index"]))
 
     def init(self, key, batch):
+        return nn.unbox(self.init_boxed(key, batch))
+
+    def init_boxed(self, key, batch):
         k1, k2 = jax.random.split(key)
         ids = jnp.zeros((batch["labels"].shape[0], 4), jnp.int32)
-        return nn.unbox(self.model.init({"params": k1, "dropout": k2}, jnp.swapaxes(batch["features"], 1, 2), ids))
+        return self.model.init({"params": k1, "dropout": k2}, jnp.swapaxes(batch["features"], 1, 2), ids)
 
     def decoder_inputs(self, batch):
         """(features [B, n_mels, 3000], decoder inputs [B, P + N - 1], targets, target weights): inputs = prompt +
