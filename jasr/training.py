@@ -29,7 +29,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from jasr import metrics as metrics_lib
 from jasr.averaging import ema_decay_at, ema_update
 from jasr.checkpoint import Checkpointer
-from jasr.config import ConfigError, load_saved_config, save_config, validate_config
+from jasr.config import ConfigError, base_config, load_saved_config, save_config, validate_config
 from jasr.logs import SkipLog, TrainLogger
 from jasr.manifests import Utterance, check_utterances
 from jasr.optim import make_optimizer_from_config
@@ -483,6 +483,8 @@ def load_run(workdir: str, *, checkpoint: str = "best", root: str | None = None,
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"{workdir} is not a training run folder (no config.json)")
     cfg = load_saved_config(cfg_path)
+    for k, v in base_config().mesh.items():     # decoding spreads batches over this machine's devices, whatever
+        cfg.mesh[k] = v                         # mesh trained the run
     tok = load_tokenizer(os.path.join(workdir, "tokenizer.json"))
     fc = feature_config(cfg)
     hf_dir = os.path.join(workdir, "init_from")

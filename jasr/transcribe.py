@@ -39,8 +39,9 @@ from jasr.long_audio import (decode_segments, iter_audio_blocks, iter_chunked_lo
                              task_segment_decoder)
 from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, check_utterances, read_folder, read_manifest
 from jasr.outputs import FORMATS, alignment, error_report, format_from_path, write_results
-from jasr.run_data import (feature_config, make_eval_loader, reference_texts, split_utterances,
+from jasr.run_data import (feature_config, make_eval_loader, mesh_batch_devices, reference_texts, split_utterances,
                            with_placeholder_transcripts)
+from jasr.sharding import make_mesh, replicated, shard_batch
 from jasr.searchers import Searcher, make_searcher, settings_from_config
 from jasr.steps import AUDIO_KEYS
 from jasr.tasks import Task, family
@@ -288,26 +289,32 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
                   jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts)))
         else:
             fn = decode_function(task)
+        # batches split over the local devices (data parallel; the params replicated)
+        mesh = make_mesh({"data": mesh_batch_devices(run.config)}, jax.local_devices()) \
+            if jax.local_device_count() > 1 and mesh_batch_devices(run.config) > 1 else None
+        state = run.state if mesh is None else jax.device_put(run.state, replicated(mesh))
         bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
         for batch in loader:
             audio = {k: batch[k] for k in AUDIO_KEYS if k in batch}
+            if mesh is not None and not whole:
+                audio = shard_batch(audio, mesh)
             ids = [str(x) for x in batch["ids"]]
             errors = batch.get("errors")
             if ctc:
-                lp, pads = fn(run.state, audio)
+                lp, pads = fn(state, audio)
                 pads_np = np.asarray(pads)
                 if searcher.search is None:
                     rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
                 elif searcher.graph:
-                    score_fn = attention_scorer(task, run.state, audio) if searcher.needs_attention else None
+                    score_fn = attention_scorer(task, state, audio) if searcher.needs_attention else None
                     rows = _graph_rows(searcher, np.asarray(lp), pads_np, score_fn)
                 else:
                     rows = _beam_rows(searcher.search(lp, pads), pads_np)
             elif att_beam:
-                out = jax.device_get(fn(run.state, audio))
+                out = jax.device_get(fn(state, audio))
                 rows = [_attention_row(out, r) for r in range(len(ids))]
             else:
-                out = jax.device_get(fn(run.state, audio))
+                out = jax.device_get(fn(state, audio))
                 rows = [{"tokens": out["ids"][r, :int(out["lengths"][r])].tolist(), "nbest": []}
                         for r in range(len(ids))]
             for r, uid in enumerate(ids):

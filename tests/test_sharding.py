@@ -164,13 +164,29 @@ TRAIN_CHECKS = textwrap.dedent('''
     assert sorted(ref) == sorted(got) == [1, 2, 3, 4], (ref, got)
     for s in ref:
         assert abs(got[s] - ref[s]) <= 1e-4 * abs(ref[s]), (s, got[s], ref[s])
+
+    # decode.py's pipeline: batches split over the 8 devices give the one-device transcripts and scores
+    from jasr import transcribe as tr
+    from jasr.training import load_run
+    run = load_run(one, root=".")
+    name, utts, bad = tr.collect_utterances(run.config, ".", manifest=manifest)
+    for method in ("greedy", "lexicon"):
+        settings = tr.settings_from_config(run.config, {"method": method}, root=".")
+        run.config.mesh.data = -1
+        _, spread = tr.transcribe(run, utts, settings, bad=bad, progress=False)
+        run.config.mesh.data = 1
+        _, single = tr.transcribe(run, utts, settings, bad=bad, progress=False)
+        assert [r["hyp"] for r in spread] == [r["hyp"] for r in single] and len(single) == len(rows), method
+        sa, sb = (np.array([r.get("score", 0.0) for r in res]) for res in (spread, single))
+        np.testing.assert_allclose(sa, sb, rtol=1e-5, atol=1e-4, err_msg=method)    # -inf (no lexicon path) too
     print("OK")
 ''')
 
 
 def test_training_under_meshes_and_resuming_on_another_mesh():
     """train() on one device, and on 8 (data parallel) stopped after 2 steps and resumed under dp2 x fsdp2 x tp2
-    from the checkpoint the first mesh wrote: the same losses step by step."""
+    from the checkpoint the first mesh wrote: the same losses step by step; decoding spread over 8 devices gives the
+    one-device transcripts."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", TRAIN_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=1200)
