@@ -134,6 +134,7 @@ NOTES = {
     "fsdd_s7_reg": "stopped at step 760 (behind runs/fsdd at step 600: 45.6 vs 38.4 %; the machine was too loaded "
                    "to finish every recipe)",
     "fsdd_s7_vtlp_ema": "VTLP 0.9-1.1 + EMA 0.995: lexicon + grammar 17.2 % (raw params 18.2 %), dev loss 0.594",
+    "fsdd_s7_ema": "EMA 0.995 alone (otherwise the baseline's recipe; trained last, on a less loaded machine)",
     "fsdd_s7_fmask": "as fsdd_s7_vtlp_ema + frequency masks up to 14 of 40 bins: lexicon + grammar 18.4 % (raw "
                      "params 19.4 %), dev loss 0.466",
 }
@@ -205,7 +206,7 @@ def main(argv):
         for c in a.checkpoint:
             lines += measure(w, c)
     if a.tried:
-        lines += tried_rows(a.tried) + [FINDINGS, ""]
+        lines += tried_rows(a.tried) + ([] if a.append else [FINDINGS, ""])
     os.makedirs(os.path.dirname(a.output), exist_ok=True)
     with open(a.output, "a" if a.append else "w") as f:
         f.write(("\n" if a.append else "") + "\n".join(lines))
