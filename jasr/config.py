@@ -68,6 +68,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_freq_width = 15
     c.data.time_masks = 2
     c.data.max_time_width = 20
+    c.data.max_time_ratio = 0.05        # a time mask covers at most this share of the utterance (and max_time_width)
+    c.data.max_time_warp = 0            # SpecAugment time warp: the centre frame moves by up to this many frames
     c.data.speed_perturb = ()           # speed factors drawn per training utterance, e.g. (0.9, 1.0, 1.1) (host)
     c.data.gain_db = ()                 # (low, high): random gain in dB per training utterance
     c.data.noise_snr_db = ()            # (low, high): white noise at a random SNR in dB ...
@@ -222,8 +224,9 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
              and list(d.bucket_boundaries) == sorted(set(d.bucket_boundaries)),
              f"config 'data.bucket_boundaries' must be increasing positive seconds, got {tuple(d.bucket_boundaries)}")
     _require(d.label_pad_multiple >= 1, f"config 'data.label_pad_multiple' must be >= 1, got {d.label_pad_multiple}")
-    for k in ("freq_masks", "max_freq_width", "time_masks", "max_time_width"):
+    for k in ("freq_masks", "max_freq_width", "time_masks", "max_time_width", "max_time_warp"):
         _require(d[k] >= 0, f"config 'data.{k}' must be >= 0, got {d[k]}")
+    _require(0.0 <= d.max_time_ratio <= 1.0, f"config 'data.max_time_ratio' must be in [0, 1], got {d.max_time_ratio}")
     _require(all(isinstance(v, (int, float)) and 0.5 <= v <= 2.0 for v in d.speed_perturb),
              f"config 'data.speed_perturb' must be speed factors in [0.5, 2], got {tuple(d.speed_perturb)}")
     for k in ("gain_db", "noise_snr_db"):

@@ -63,6 +63,10 @@ def test_bad_overrides(key, value, match):
     ("data.speed_perturb", (0.9, 0.0), r"'data.speed_perturb' must be speed factors"),
     ("data.gain_db", (6.0, -6.0), r"'data.gain_db' must be \(\) or \(low, high\)"),
     ("data.noise_snr_db", (10.0,), r"'data.noise_snr_db' must be \(\) or \(low, high\)"),
+    ("data.max_time_ratio", 1.5, r"'data.max_time_ratio' must be in \[0, 1\]"),
+    ("data.max_time_warp", -1, r"'data.max_time_warp' must be >= 0"),
+    ("mesh.pipeline", 2, r"pipeline parallelism is not implemented yet"),
+    ("mesh.data", 0, r"'mesh.data' must be >= 1 or -1"),
 ])
 def test_bad_values(key, value, match):
     cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
@@ -132,3 +136,14 @@ def test_audio_augmentation_from_config():
     audio = np.sin(np.arange(16000) * 0.05).astype(np.float32)
     out = aug(audio, 16000, np.random.default_rng(0))
     assert out.dtype == np.float32 and 16000 / 1.1 - 2 <= len(out) <= 16000 / 0.9 + 2
+
+
+def test_spec_augment_time_masks_and_warp_from_config():
+    """data.max_time_ratio / max_time_warp reach SpecAugment (short utterances need more than the default 5 %)."""
+    from jasr.features import FeatureConfig
+    from jasr.tasks.base import Frontend
+    cfg = load_config_file(os.path.join(ROOT, "configs", "fsdd.py"))
+    cfg.data.max_time_ratio, cfg.data.max_time_warp = 0.2, 5
+    validate_config(cfg, check_paths=False)
+    fe = Frontend.from_config(cfg, FeatureConfig(kind="fbank", sample_rate=8000, num_mel_bins=40))
+    assert fe.spec_augment[4:] == (0.2, 5)

@@ -31,13 +31,15 @@ from jasr.features import FeatureConfig, compute_features_jax
 class Frontend:
     """On-device feature extraction (for batches of raw audio) and SpecAugment (training only); hashable."""
     feature_config: Any = None         # FeatureConfig when batches carry raw audio to featurise on device
-    spec_augment: tuple = ()           # (freq_masks, max_freq_width, time_masks, max_time_width) or ()
+    spec_augment: tuple = ()           # (freq_masks, max_freq_width, time_masks, max_time_width, max_time_ratio,
+    #                                    max_time_warp) or ()
 
     @classmethod
     def from_config(cls, cfg: ml_collections.ConfigDict, fc: FeatureConfig) -> "Frontend":
         d = cfg.data
         return cls(fc if (d.device_features and d.feature != "raw") else None,
-                   (d.freq_masks, d.max_freq_width, d.time_masks, d.max_time_width) if d.spec_augment else ())
+                   (d.freq_masks, d.max_freq_width, d.time_masks, d.max_time_width, float(d.max_time_ratio),
+                    int(d.max_time_warp)) if d.spec_augment else ())
 
     def __call__(self, batch: dict, key, train: bool) -> dict:
         if self.feature_config is not None and "audio" in batch:
@@ -45,11 +47,12 @@ class Frontend:
             batch = {k: v for k, v in batch.items() if k not in ("audio", "audio_paddings")}
             batch["features"], batch["feature_paddings"] = feats, pads
         if train and self.spec_augment and key is not None and "features" in batch:
-            fm, fw, tm, tw = self.spec_augment
+            fm, fw, tm, tw, ratio, warp = self.spec_augment
             batch = dict(batch)
             batch["features"] = augment.spec_augment(jax.random.fold_in(key, 7), batch["features"],
                                                      batch["feature_paddings"], num_freq_masks=fm,
-                                                     max_freq_width=fw, num_time_masks=tm, max_time_width=tw)
+                                                     max_freq_width=fw, num_time_masks=tm, max_time_width=tw,
+                                                     max_time_ratio=ratio, max_time_warp=warp)
         return batch
 
 
