@@ -72,6 +72,8 @@ def _parser():
     g.add_argument("--hf-model", metavar="DIR", help="a Hugging Face Whisper or Wav2Vec2ForCTC directory")
     g.add_argument("--checkpoint", default="best",
                    help="best by dev WER (default; the latest if none has a WER), latest, or a step number")
+    g.add_argument("--no-ema", action="store_true",
+                   help="a run trained with train.ema_decay: decode with the raw parameters, not their moving average")
     g.add_argument("--split", help="a split of the run's config: train, dev, the demo's heldout, "
                                    "data.eval_manifests keys")
     g.add_argument("--manifest", help="any JSONL manifest (id, audio, text, ...); WER/CER when it has transcripts")
@@ -153,7 +155,7 @@ def main(argv):
     root = os.path.dirname(os.path.abspath(__file__))
     enable_compilation_cache(root)
     try:
-        run = (load_run(a.workdir, checkpoint=a.checkpoint, root=root) if a.workdir
+        run = (load_run(a.workdir, checkpoint=a.checkpoint, root=root, use_ema=not a.no_ema) if a.workdir
                else tr.load_hf_model(a.hf_model, root))
         cfg = run.config
         if not run.task.has_decoder:

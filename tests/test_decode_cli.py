@@ -364,3 +364,16 @@ def test_lm_lookahead_flag(run, tmp_path, capsys):
     rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--method", "beam", "--lexicon", "",
                           "--lm-lookahead")
     assert rc == 2 and "lm_lookahead' needs a word LM" in err
+
+
+def test_no_ema_flag_on_a_run_without_ema(run, tmp_path, capsys):
+    """--no-ema asks load_run for the raw parameters; a run without an EMA has only those: same transcripts."""
+    workdir, manifest, ids = run
+    outs = []
+    for extra in ((), ("--no-ema",)):
+        out_path = tmp_path / f"g{len(extra)}.jsonl"
+        rc, out, err = decode(capsys, "--workdir", workdir, "--manifest", manifest, "--output", out_path,
+                              "--method", "greedy", *extra)
+        assert rc == 0, err
+        outs.append([r["hyp"] for r in read_jsonl(out_path)])
+    assert outs[0] == outs[1] and len(outs[0]) == len(ids)
