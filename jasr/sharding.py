@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = ["MESH_AXES", "DEFAULT_RULES", "mesh_shape", "make_mesh", "logical_specs", "logical_shardings",
            "state_shardings", "batch_sharding", "replicated", "fit_to_shape", "check_batch_divisible", "batch_devices",
-           "shard_batch", "mesh_context"]
+           "shard_batch", "mesh_context", "per_device_mib"]
 
 MESH_AXES = ("pipeline", "data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -126,6 +126,17 @@ def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> N
     if batch_size % n:
         raise ValueError(f"{what} of {batch_size} rows does not split over mesh data x fsdp = {n} devices; "
                          f"use a batch size (data.max_frames / bucket shapes) that is a multiple of {n}")
+
+
+def per_device_mib(tree) -> float:
+    """MiB that the arrays of `tree` hold on the most loaded device (each array's largest shard; an array on one
+    device counts whole)."""
+    per_device: dict = {}
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array):
+            for shard in x.addressable_shards:
+                per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return max(per_device.values(), default=0) / 2 ** 20
 
 
 def batch_devices(mesh: Mesh) -> int:

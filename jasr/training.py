@@ -33,8 +33,8 @@ from jasr.config import ConfigError, base_config, load_saved_config, save_config
 from jasr.logs import SkipLog, TrainLogger
 from jasr.manifests import Utterance, check_utterances
 from jasr.optim import make_optimizer_from_config
-from jasr.sharding import (DEFAULT_RULES, batch_devices, logical_specs, make_mesh, mesh_context, replicated,
-                           shard_batch, state_shardings)
+from jasr.sharding import (DEFAULT_RULES, batch_devices, logical_specs, make_mesh, mesh_context, per_device_mib,
+                           replicated, shard_batch, state_shardings)
 from jasr.run_data import (RunData, check_bad_fraction, cut_dev_summary, device_inputs, dummy_batch, feature_config,
                            make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
                            resolve, unencodable_summary)
@@ -135,6 +135,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         ema = None if ema is None else jax.device_put(ema, shardings.params)
     if start == 0:
         ema = state.params if t.ema_decay > 0 else None    # ema_0 = params_0
+    print(f"[train] per device: {per_device_mib(state.params):.2f} MiB of parameters, "
+          f"{per_device_mib((state.opt_state, ema)):.2f} MiB of optimiser state and EMA (activations not counted)",
+          flush=True)
     if start >= t.num_steps:
         print(f"[train] already at step {start} >= train.num_steps={t.num_steps}; nothing to do", flush=True)
         ckpt.close()

@@ -6,6 +6,7 @@ The 8 devices exist only in a fresh interpreter started with
 checks run in one subprocess; the rest of the suite keeps one device.
 """
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -194,6 +195,9 @@ def test_training_under_meshes_and_resuming_on_another_mesh():
     assert "[train] mesh {'pipeline': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 of 8 devices" in r.stdout
     assert "[train] mesh {'pipeline': 1, 'data': 8, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout
     assert "resumed from" in r.stdout and "at step 2" in r.stdout
+    # per-device memory of the state: replicated under data parallelism, split under fsdp x tensor
+    mib = [float(m) for m in re.findall(r"per device: ([0-9.]+) MiB of parameters", r.stdout)]
+    assert len(mib) == 3 and mib[0] == mib[1] > mib[2] > 0, mib     # one device, dp=8, dp2 x fsdp2 x tp2
 
 
 def test_families_that_unbox_their_params_still_name_them():
