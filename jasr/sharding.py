@@ -129,8 +129,8 @@ def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> N
 
 
 def per_device_mib(tree) -> float:
-    """MiB that the arrays of `tree` hold on the most loaded device (each array's largest shard; an array on one
-    device counts whole)."""
+    """MiB that the arrays of `tree` hold on the most loaded device (the bytes of every array's shards summed per
+    device; an array on one device counts whole there)."""
     per_device: dict = {}
     for x in jax.tree.leaves(tree):
         if isinstance(x, jax.Array):
@@ -173,9 +173,10 @@ def state_shardings(state, params_specs, mesh: Mesh, rules=DEFAULT_RULES) -> Any
     """NamedShardings for a whole train state (any pytree, e.g. jasr.steps.TrainState, concrete or abstract).
 
     `params_specs` is the logical PartitionSpec tree of the parameters (:func:`logical_specs` of the boxed init).
-    Every leaf of `state` whose key path ends with a parameter's key path and has that parameter's shape (the params
-    themselves, Adam's moments, an EMA copy, ...) gets the parameter's sharding; every other leaf (step counters,
-    RNG keys, scalars) is replicated."""
+    Every leaf of `state` whose key path ends with a parameter's key path and has at least that parameter's rank
+    (the params themselves, Adam's moments, an EMA copy, ...) gets the parameter's sharding, with the dimensions the
+    mesh does not divide left whole (:func:`fit_to_shape`); every other leaf (step counters, RNG keys, scalars) is
+    replicated."""
     param_sh = logical_shardings(params_specs, mesh, rules)
     by_path = {}
     for path, sh in jax.tree_util.tree_flatten_with_path(param_sh, is_leaf=lambda x: isinstance(x, NamedSharding))[0]:
