@@ -2,7 +2,6 @@
 fixture, through jasr.training.train with configs/fsdd.py's decode section: digit lexicon + one-word grammar):
 every method runs, outputs parse (JSONL, text, SRT/WebVTT with monotone times, CTM), results come back in input
 order, the config's decode settings are the default and flags override them, bad flags are one-line exit-2 errors."""
-import importlib.util
 import json
 import os
 import re
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from decode_cli_runner import read_jsonl, run_decode as decode
 from jasr.audio import load_audio
 from jasr.config import apply_override, load_config_file
 from jasr.training import train
@@ -21,9 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDD = os.path.join(ROOT, "..", "shared", "data", "fsdd")
 DIGITS = {"ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE"}
 
-_spec = importlib.util.spec_from_file_location("decode_cli", os.path.join(ROOT, "decode.py"))
-decode_cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(decode_cli)
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +50,6 @@ def run(tmp_path_factory):
     return workdir, manifest, [r["id"] for r in rows]
 
 
-def decode(capsys, *args):
-    """(exit code, stdout, stderr) of decode.py in this process."""
-    try:
-        rc = decode_cli.main(["--no-progress", *map(str, args)])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def test_config_decode_section_is_the_default_and_flags_override(run, tmp_path, capsys):

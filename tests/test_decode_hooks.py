@@ -2,7 +2,6 @@
 logits; an AED run trained with the joint CTC loss exposes its CTC head (without the sos/eos id) and its attention
 decoder (Task.sequence_log_probs = the incremental greedy search's own scores), so that decode.py's lexicon and
 graph methods (one best, attention-decoder rescoring of the n-best) run on it, end to end on FSDD audio."""
-import importlib.util
 import json
 import os
 
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from decode_cli_runner import read_jsonl as _jsonl, run_decode as _decode
 from jasr.config import apply_override, load_config_file
 from jasr.tasks.conformer import ConformerAEDTask, ConformerCTCTask
 from jasr.tasks.wav2vec2 import Wav2Vec2CTCTask
@@ -22,9 +22,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDD = os.path.join(ROOT, "..", "shared", "data", "fsdd")
 DIGITS = {"ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE"}
 
-_spec = importlib.util.spec_from_file_location("decode_cli_hooks", os.path.join(ROOT, "decode.py"))
-decode_cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(decode_cli)
 
 
 def _log_softmax(x):
@@ -145,18 +142,6 @@ def test_aed_joint_hooks(aed_run):
     assert not attention_only.has_ctc_head and attention_only.ctc_log_probs(params, state, batch) is None
 
 
-def _decode(capsys, *args):
-    try:
-        rc = decode_cli.main(["--no-progress", *map(str, args)])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def _jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 @pytest.mark.parametrize("method", ["lexicon", "graph", "attention_rescoring"])
