@@ -181,10 +181,12 @@ def split_pieces(seq):
     return [tuple(w) for w in words]
 
 
-@settings(max_examples=3, deadline=None)
-@given(seed=st.integers(0, 2 ** 31), scale=st.sampled_from([0.5, 2.0, 5.0]))
-def test_wide_beam_ngram_lm_over_word_pieces_equals_brute_force(seed, scale):
-    """jasr.ngram.NgramLM (read from ARPA text) fused at word level with word-start pieces instead of a space."""
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), scale=st.sampled_from([0.5, 2.0, 5.0]), lookahead=st.booleans())
+def test_wide_beam_ngram_lm_over_word_pieces_equals_brute_force(seed, scale, lookahead):
+    """jasr.ngram.NgramLM (read from ARPA text) fused at word level with word-start pieces instead of a space; with
+    the LM look-ahead a piece that starts a word completes the previous one and opens a new partial word whose
+    look-ahead is read in the LM state after the completed word (final scores unchanged)."""
     rng, lp, pad, n_frames = draw_inputs(seed, scale)
     lm = read_arpa(PIECE_ARPA)
     names = list(PIECE_WORDS)
@@ -192,7 +194,8 @@ def test_wide_beam_ngram_lm_over_word_pieces_equals_brute_force(seed, scale):
                        word_start_ids=[1, 3], unk_id=lm.unk_id)
     alpha, beta, oov = 0.9, 0.4, -2.0
     res = ctc_prefix_beam_search(lp, pad, WIDE, nbest=6, lm=lm, lm_weight=alpha, lm_level="word", word_bonus=beta,
-                                 lexicon=lex, oov_penalty=oov)
+                                 lexicon=lex, oov_penalty=oov,
+                                 lm_lookahead=make_lm_lookahead(lex, lm) if lookahead else None)
     by_spelling = {v: k for k, v in PIECE_WORDS.items()}
     for b in range(2):
         ref = {}

@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 
 from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists
 from jasr.lexicon import lookahead_score, make_lexicon, make_lm_lookahead
-from jasr.ngram import read_arpa
-from tests.test_ctc_beam import (PIECE_ARPA, PIECE_WORDS, SPACE, UNK, V_BF, WIDE, WORDS, brute_force, check_nbest,
-                                 draw_inputs, lm_score, random_lm, split_pieces, word_reference)
+from tests.test_ctc_beam import (SPACE, UNK, V_BF, WIDE, WORDS, brute_force, check_nbest,
+                                 draw_inputs, lm_score, random_lm, word_reference)
 
 
 def node_of(lex, seq):
@@ -53,29 +52,6 @@ def test_wide_beam_with_lookahead_equals_brute_force(seed, scale, constrained):
     for b in range(2):
         ref = word_reference(brute_force(lp[b], n_frames[b]), lm, alpha, beta, oov, constrained)
         check_nbest(res, b, ref, min(6, len(ref)))
-
-
-@settings(max_examples=2, deadline=None)
-@given(seed=st.integers(0, 2 ** 31), scale=st.sampled_from([0.5, 2.0]))
-def test_wide_beam_lookahead_over_word_pieces_equals_brute_force(seed, scale):
-    """Word-start pieces: a piece that starts a word completes the previous one and opens a new partial word whose
-    look-ahead is read in the LM state after the completed word."""
-    rng, lp, pad, n_frames = draw_inputs(seed, scale)
-    lm = read_arpa(PIECE_ARPA)
-    names = list(PIECE_WORDS)
-    lex = make_lexicon([PIECE_WORDS[w] for w in names], V_BF, word_ids=lm.ids(names).tolist(),
-                       word_start_ids=[1, 3], unk_id=lm.unk_id)
-    alpha, beta, oov = 0.9, 0.4, -2.0
-    res = ctc_prefix_beam_search(lp, pad, WIDE, nbest=6, lm=lm, lm_weight=alpha, lm_level="word", word_bonus=beta,
-                                 lexicon=lex, oov_penalty=oov, lm_lookahead=make_lm_lookahead(lex, lm))
-    by_spelling = {v: k for k, v in PIECE_WORDS.items()}
-    for b in range(2):
-        ref = {}
-        for seq, a in brute_force(lp[b], n_frames[b]).items():
-            words = [by_spelling.get(w, "<unk>") for w in split_pieces(seq)]
-            ref[seq] = (a + alpha * lm.score_sentence(words) + beta * len(words)
-                        + oov * sum(w == "<unk>" for w in words))
-        check_nbest(res, b, ref, 6)
 
 
 def test_lookahead_keeps_the_word_the_lm_prefers_at_a_narrow_beam():
