@@ -85,12 +85,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     mesh = make_mesh(cfg.mesh)
     sharded = mesh.size > 1
     rules = getattr(task, "logical_axis_rules", DEFAULT_RULES)
+    shardings = None
     if sharded:
         boxed = jax.eval_shape(task.init_boxed, jax.random.fold_in(init_key, 2), init_batch)["params"]
         shardings = state_shardings(abstract, logical_specs(boxed), mesh, rules)
-    else:
-        shardings = None
-    if sharded:
         print(f"[train] mesh {dict(mesh.shape)} over {mesh.size} of {jax.device_count()} devices "
               f"({jax.devices()[0].platform}); batch rows split over {batch_devices(mesh)}", flush=True)
     edges = [float(b.max_duration) for b in train_loader.buckets]

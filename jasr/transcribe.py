@@ -290,8 +290,8 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
         else:
             fn = decode_function(task)
         # batches split over the local devices (data parallel; the params replicated)
-        mesh = make_mesh({"data": mesh_batch_devices(run.config)}, jax.local_devices()) \
-            if jax.local_device_count() > 1 and mesh_batch_devices(run.config) > 1 else None
+        split = min(mesh_batch_devices(run.config), jax.local_device_count())
+        mesh = make_mesh({"data": split}, jax.local_devices()) if split > 1 else None
         state = run.state if mesh is None else jax.device_put(run.state, replicated(mesh))
         bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
         for batch in loader:
