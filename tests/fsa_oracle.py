@@ -248,3 +248,17 @@ def random_fsas(draw, min_states=2, max_states=5, max_arcs=10, num_labels=4, acy
 def random_fsa_vecs(draw, min_size=1, max_size=3, **kw):
     n = draw(st.integers(min_size, max_size))
     return create_fsa_vec([draw(random_fsas(**kw)) for _ in range(n)])
+
+
+# the bounds the structure-op tests enumerate languages under
+LANGUAGE_BOUNDS = dict(max_labels=3, max_arcs=12)
+
+
+def lang(f, log=True, key="labels", **kw):
+    """The weighted language of `f` (log or tropical semiring) under `kw`, default :data:`LANGUAGE_BOUNDS`."""
+    return weighted_language(f, log_semiring=log, key=key, **(kw or LANGUAGE_BOUNDS))
+
+
+def assert_same_language(a, b, log=True, key="labels", **kw):
+    ok, msg = languages_close(lang(a, log, key, **kw), lang(b, log, key, **kw))
+    assert ok, msg
