@@ -39,6 +39,11 @@ Outputs (--format, or the extension of --output), in input order (a manifest's o
 included): jsonl (id, ref, hyp, tokens, score, n-best with scores, rescored texts per scale, word timestamps where
 the method gives them, error), txt (id<TAB>text), srt / vtt (subtitles: one file, or a folder with one file per
 input), ctm (word times; CTC models).
+
+Devices: batches spread over this machine's devices (data parallel, parameters replicated); --mesh-tensor N (and
+--mesh-fsdp N) shard the parameters over N devices (tensor parallel along mlp / heads / vocab; fsdp along embed),
+so that a model too large for one device decodes, the batches split over the devices left over. Transcripts and
+scores are those of one device (to float rounding).
 """
 import argparse
 import os
@@ -47,7 +52,7 @@ import sys
 SETTINGS = ("method", "beam", "nbest", "lm", "lm_weight", "word_bonus", "lexicon", "grammar", "hotword_boost",
             "token_min_logp", "length_penalty", "ctc_weight", "graph_decoding", "num_paths", "nbest_scale",
             "rescore_lm", "lm_scales", "attention_scales", "lm_lookahead", "long_file_seconds", "chunk_seconds",
-            "context_seconds", "segment_seconds")
+            "context_seconds", "segment_seconds", "mesh_tensor", "mesh_fsdp")
 GRAPH_METHODS = ("one_best", "nbest", "nbest_rescoring", "whole_lattice_rescoring", "attention_rescoring")
 
 
@@ -117,6 +122,14 @@ def _parser():
                                                           "output (default 2)")
     lf.add_argument("--segment-seconds", type=float, help="attention decoders (AED): pieces of at most this, cut "
                                                           "at quiet points (default 20)")
+    d = p.add_argument_group("devices (batches split over the local devices; a model too large for one device is "
+                             "sharded)")
+    d.add_argument("--mesh-tensor", type=int, metavar="N",
+                   help="shard the parameters over N devices along their mlp / heads / vocab dimensions (tensor "
+                        "parallel); batches split over the local devices left over (default 1)")
+    d.add_argument("--mesh-fsdp", type=int, metavar="N",
+                   help="shard the parameters over N devices along their embed dimension; batches split over them "
+                        "too (default 1)")
     o = p.add_argument_group("output")
     o.add_argument("--output", help="where to write the results (default WORKDIR/decode_<name>.jsonl, with "
                                     "--hf-model ./decode_<name>.jsonl)")
@@ -174,6 +187,8 @@ def main(argv):
         print(f"decode.py: error: {e}", file=sys.stderr)
         return 2
     print(f"[decode] method: {m['method']}")
+    if m.get("mesh"):
+        print(f"[decode] mesh {m['mesh']}: {m['param_mib_per_device']:.2f} MiB of parameters per device")
     decoded = [r for r in results if "error" not in r]
     for r in decoded[:a.show]:
         print(f"  {r['id']}\n    ref: {r['ref']}\n    hyp: {r['hyp']}")

@@ -31,8 +31,8 @@ from jasr.lexicon import lexicon_from_tokenizer, make_hotwords, make_lm_lookahea
 from jasr.ngram import read_arpa
 from jasr.run_data import resolve
 
-__all__ = ["GRAPH_DEFAULTS", "GRAPH_METHODS", "LONG_AUDIO_DEFAULTS", "OPTIONAL_DEFAULTS", "GraphResult",
-           "SETTING_KEYS", "Searcher", "check_graph_settings",
+__all__ = ["GRAPH_DEFAULTS", "GRAPH_METHODS", "LONG_AUDIO_DEFAULTS", "MESH_DEFAULTS", "OPTIONAL_DEFAULTS",
+           "GraphResult", "SETTING_KEYS", "Searcher", "check_graph_settings",
            "graph_searcher", "make_searcher", "read_word_list", "settings_from_config",
            "spelled_words", "unspellable_note"]
 
@@ -46,7 +46,10 @@ GRAPH_DEFAULTS = {"graph_decoding": "one_best", "num_paths": 100, "nbest_scale":
 # (jasr.long_audio); attention decoders decode pieces of at most segment_seconds cut in silence
 LONG_AUDIO_DEFAULTS = {"long_file_seconds": 60.0, "chunk_seconds": 10.0, "context_seconds": 2.0,
                        "segment_seconds": 20.0}
-OPTIONAL_DEFAULTS = {**GRAPH_DEFAULTS, **LONG_AUDIO_DEFAULTS, "lm_lookahead": False}
+# devices: the parameters sharded over mesh_tensor x mesh_fsdp local devices (1 x 1: replicated), batches over
+# the devices left over (jasr.transcribe.decode_mesh)
+MESH_DEFAULTS = {"mesh_tensor": 1, "mesh_fsdp": 1}
+OPTIONAL_DEFAULTS = {**GRAPH_DEFAULTS, **LONG_AUDIO_DEFAULTS, **MESH_DEFAULTS, "lm_lookahead": False}
 
 
 def settings_from_config(cfg: ml_collections.ConfigDict, overrides: dict | None = None, *,
@@ -72,8 +75,8 @@ def settings_from_config(cfg: ml_collections.ConfigDict, overrides: dict | None 
 
 
 def check_graph_settings(dc: ml_collections.ConfigDict) -> None:
-    """Checks the settings of method 'graph' and of long files (GRAPH_DEFAULTS', LONG_AUDIO_DEFAULTS' keys);
-    ConfigError naming the setting."""
+    """Checks the settings of method 'graph', of long files and of the decode mesh (GRAPH_DEFAULTS',
+    LONG_AUDIO_DEFAULTS', MESH_DEFAULTS' keys); ConfigError naming the setting."""
     def req(cond, key, msg):
         if not cond:
             raise ConfigError(f"decode setting '{key}' {msg}")
@@ -87,6 +90,8 @@ def check_graph_settings(dc: ml_collections.ConfigDict) -> None:
     for k in ("long_file_seconds", "chunk_seconds", "segment_seconds"):
         req(dc[k] > 0, k, f"must be > 0, got {dc[k]}")
     req(dc.context_seconds >= 0, "context_seconds", f"must be >= 0, got {dc.context_seconds}")
+    for k in MESH_DEFAULTS:
+        req(isinstance(dc[k], int) and dc[k] >= 1, k, f"must be an int >= 1, got {dc[k]!r}")
 
 
 def read_word_list(path: str) -> list[str]:

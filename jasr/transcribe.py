@@ -18,6 +18,9 @@ Results are dicts: ``id``, ``ref``, ``hyp``, ``tokens``, ``score``, ``duration``
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import os
@@ -39,18 +42,19 @@ from jasr.long_audio import (decode_segments, iter_audio_blocks, iter_chunked_lo
                              task_segment_decoder)
 from jasr.manifests import AUDIO_EXTENSIONS, ManifestError, Utterance, check_utterances, read_folder, read_manifest
 from jasr.outputs import FORMATS, alignment, error_report, format_from_path, write_results
-from jasr.run_data import (feature_config, make_eval_loader, mesh_batch_devices, reference_texts, split_utterances,
-                           with_placeholder_transcripts)
-from jasr.sharding import make_mesh, replicated, shard_batch
+from jasr.run_data import (dummy_batch, feature_config, make_eval_loader, mesh_batch_devices, raw_audio_batches,
+                           reference_texts, split_utterances, with_placeholder_transcripts)
+from jasr.sharding import (DEFAULT_RULES, logical_specs, make_mesh, mesh_context, per_device_mib, shard_batch,
+                           state_shardings)
 from jasr.searchers import Searcher, make_searcher, settings_from_config
-from jasr.steps import AUDIO_KEYS
+from jasr.steps import AUDIO_KEYS, TrainState
 from jasr.tasks import Task, family
 from jasr.tasks.base import SearchOptions
 from jasr.training import RunInfo, decode_function, score_results
 
 # the pipeline's own names, then those of the modules split from it (decode.py and bench/ use them from here)
-__all__ = ["attention_scorer", "collect_utterances", "decode_mode", "input_order", "long_file_decoder",
-           "manifest_entries",
+__all__ = ["attention_scorer", "collect_utterances", "decode_mesh", "decode_mode", "decode_state", "input_order",
+           "long_file_decoder", "manifest_entries",
            "search_options", "transcribe", "whisper_beam_function",
            "FORMATS", "HFCTCTokenizer", "Searcher", "alignment", "error_report", "format_from_path", "load_hf_model",
            "make_searcher", "settings_from_config", "write_results"]
@@ -266,67 +270,69 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
     for r in [*bad, *unreadable]:
         results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or r.get("text") or "", "error": r["reason"]}
     shift = 0.01 * family(run.config.model.name).subsampling(run.config)
+    # batches split over data x fsdp of the local devices; params sharded over fsdp x tensor (replicated over data)
+    mesh, loader_cfg = decode_mesh(run.config, settings)
+    state = decode_state(run, mesh) if mesh is not None else run.state
     t0 = time.time()
-    long_files = [] if task.transcribes_whole_files and not ctc else \
-        [u for u in ok if u.duration > settings.long_file_seconds]
-    if long_files:
-        ok = [u for u in ok if u.duration <= settings.long_file_seconds]
-        decode_long = long_file_decoder(run, settings, searcher, mode)
-        for u in tqdm(long_files, disable=not progress, desc="decode long files", unit="file", dynamic_ncols=True):
-            try:
-                results[u.id] = decode_long(u, texts.get(u.id) or "", shift)
-            except AudioError as e:
-                results[u.id] = {"id": u.id, "ref": texts.get(u.id) or "", "error": str(e)}
-    if ok:
-        loader = make_eval_loader(run.config, ok, tok, edges=run.bucket_edges, task=task, whole_files=whole)
-        for r in loader.skipped:
-            results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]}
-        if ctc:
-            fn = jax.jit(lambda state, batch: task.ctc_log_probs(state.params, state.model_state, batch))
-        elif att_beam:
-            opts = search_options(run, settings)
-            fn = (whisper_beam_function(task, opts) if whole else
-                  jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts)))
-        else:
-            fn = decode_function(task)
-        # batches split over the local devices (data parallel; the params replicated)
-        split = min(mesh_batch_devices(run.config), jax.local_device_count())
-        mesh = make_mesh({"data": split}, jax.local_devices()) if split > 1 else None
-        state = run.state if mesh is None else jax.device_put(run.state, replicated(mesh))
-        bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
-        for batch in loader:
-            audio = {k: batch[k] for k in AUDIO_KEYS if k in batch}
-            if mesh is not None and not whole:
-                audio = shard_batch(audio, mesh)
-            ids = [str(x) for x in batch["ids"]]
-            errors = batch.get("errors")
+    with mesh_context(mesh, getattr(task, "logical_axis_rules", DEFAULT_RULES)) if mesh is not None else \
+            contextlib.nullcontext():
+        long_files = [] if task.transcribes_whole_files and not ctc else \
+            [u for u in ok if u.duration > settings.long_file_seconds]
+        if long_files:
+            ok = [u for u in ok if u.duration <= settings.long_file_seconds]
+            decode_long = long_file_decoder(dataclasses.replace(run, state=state), settings, searcher, mode)
+            for u in tqdm(long_files, disable=not progress, desc="decode long files", unit="file",
+                          dynamic_ncols=True):
+                try:
+                    results[u.id] = decode_long(u, texts.get(u.id) or "", shift)
+                except AudioError as e:
+                    results[u.id] = {"id": u.id, "ref": texts.get(u.id) or "", "error": str(e)}
+        if ok:
+            loader = make_eval_loader(loader_cfg, ok, tok, edges=run.bucket_edges, task=task, whole_files=whole)
+            for r in loader.skipped:
+                results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]}
             if ctc:
-                lp, pads = fn(state, audio)
-                pads_np = np.asarray(pads)
-                if searcher.search is None:
-                    rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
-                elif searcher.graph:
-                    score_fn = attention_scorer(task, state, audio) if searcher.needs_attention else None
-                    rows = _graph_rows(searcher, np.asarray(lp), pads_np, score_fn)
-                else:
-                    rows = _beam_rows(searcher.search(lp, pads), pads_np)
+                fn = jax.jit(lambda state, batch: task.ctc_log_probs(state.params, state.model_state, batch))
             elif att_beam:
-                out = jax.device_get(fn(state, audio))
-                rows = [_attention_row(out, r) for r in range(len(ids))]
+                opts = search_options(run, settings)
+                fn = (whisper_beam_function(task, opts) if whole else
+                      jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts)))
             else:
-                out = jax.device_get(fn(state, audio))
-                rows = [{"tokens": out["ids"][r, :int(out["lengths"][r])].tolist(), "nbest": []}
-                        for r in range(len(ids))]
-            for r, uid in enumerate(ids):
-                if not uid:
-                    continue
-                if errors is not None and errors[r]:
-                    results[uid] = {"id": uid, "ref": texts.get(uid) or "", "error": str(errors[r])}
-                    continue
-                results[uid] = _result(uid, texts.get(uid) or "", by_id[uid].duration, rows[r], tok, searcher,
-                                       shift)
-            bar.update(sum(1 for u in ids if u))
-        bar.close()
+                fn = decode_function(task)
+            bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
+            for batch in loader:
+                audio = {k: batch[k] for k in AUDIO_KEYS if k in batch}
+                if mesh is not None and not whole:
+                    audio = shard_batch(audio, mesh)
+                ids = [str(x) for x in batch["ids"]]
+                errors = batch.get("errors")
+                if ctc:
+                    lp, pads = fn(state, audio)
+                    pads_np = np.asarray(pads)
+                    if searcher.search is None:
+                        rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
+                    elif searcher.graph:
+                        score_fn = attention_scorer(task, state, audio) if searcher.needs_attention else None
+                        rows = _graph_rows(searcher, np.asarray(lp), pads_np, score_fn)
+                    else:
+                        rows = _beam_rows(searcher.search(lp, pads), pads_np)
+                elif att_beam:
+                    out = jax.device_get(fn(state, audio))
+                    rows = [_attention_row(out, r) for r in range(len(ids))]
+                else:
+                    out = jax.device_get(fn(state, audio))
+                    rows = [{"tokens": out["ids"][r, :int(out["lengths"][r])].tolist(), "nbest": []}
+                            for r in range(len(ids))]
+                for r, uid in enumerate(ids):
+                    if not uid:
+                        continue
+                    if errors is not None and errors[r]:
+                        results[uid] = {"id": uid, "ref": texts.get(uid) or "", "error": str(errors[r])}
+                        continue
+                    results[uid] = _result(uid, texts.get(uid) or "", by_id[uid].duration, rows[r], tok, searcher,
+                                           shift)
+                bar.update(sum(1 for u in ids if u))
+            bar.close()
     dt = time.time() - t0
     out = [results[i] for i in input_order(utts, list(bad)) if i in results]
     failed = [r for r in out if "error" in r]
@@ -336,12 +342,51 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
               f"beam ({name}'s attention beam search, beam {settings.beam}"
               f"{', long-form over 30 s windows' if whole else ''})" if att_beam else f"greedy ({name}'s decoder)")
     m = {"utterances": len(out) - len(failed), "failed": len(failed), "audio_s": audio_s, "seconds": dt,
-         "rtf": dt / audio_s if audio_s else float("nan"), "method": method}
+         "rtf": dt / audio_s if audio_s else float("nan"), "method": method,
+         "mesh": {k: int(v) for k, v in mesh.shape.items()} if mesh is not None else {},
+         "param_mib_per_device": per_device_mib(state.params)}
     m.update(score_results(out))
     if searcher is not None and searcher.keys and "wer" in m:
         m["wer_by_key"] = {k: score_results([{**r, "hyp": r["rescored"][k]["text"]} if "rescored" in r else r
                                              for r in out])["wer"] for k in searcher.keys}
     return m, out
+
+
+def decode_mesh(cfg: ml_collections.ConfigDict, settings) -> tuple:
+    """(mesh or None, the config the loader batches with) for decoding on this process's devices: ``tensor`` =
+    settings ``mesh_tensor``, ``fsdp`` = ``mesh_fsdp`` (both shard the parameters, so that a model too large for
+    one device decodes), ``data`` = the config's ``mesh.data`` (-1: the local devices left over), batches split
+    over data x fsdp (the loader rounds batch sizes to multiples of it). None (and `cfg`) when that is one device.
+    ConfigError when the local devices do not divide by tensor x fsdp."""
+    t, f = int(settings.get("mesh_tensor", 1)), int(settings.get("mesh_fsdp", 1))
+    local = jax.local_device_count()
+    if local % (t * f):
+        raise ConfigError(f"decode setting 'mesh_tensor'={t} x 'mesh_fsdp'={f}: {local} local devices do not "
+                          f"divide by {t * f}")
+    if t * f == 1:
+        data = min(mesh_batch_devices(cfg), local)
+    else:
+        want = int(cfg.mesh.get("data", -1)) if cfg.get("mesh") is not None else 1
+        data = local // (t * f) if want == -1 else max(min(want, local // (t * f)), 1)
+    if data * f * t == 1:
+        return None, cfg
+    out = copy.deepcopy(cfg)
+    for k, v in {"pipeline": 1, "data": data, "fsdp": f, "tensor": t}.items():
+        out.mesh[k] = v
+    return make_mesh(dict(out.mesh), jax.local_devices()), out
+
+
+def decode_state(run: RunInfo, mesh) -> TrainState:
+    """The run's state for decoding on `mesh`: without the optimiser state, the parameters sharded by the family's
+    logical axis rules (over fsdp along ``embed``, over tensor along ``mlp`` / ``heads`` / ``vocab``; dimensions
+    the mesh does not divide stay whole), everything else replicated."""
+    cfg, task = run.config, run.task
+    raw = raw_audio_batches(cfg)
+    batch = dummy_batch((1, family(cfg.model.name).init_length(raw), 8), feature_config(cfg), raw)
+    boxed = jax.eval_shape(task.init_boxed, jax.random.PRNGKey(0), batch)["params"]
+    state = run.state.replace(opt_state=())
+    rules = getattr(task, "logical_axis_rules", DEFAULT_RULES)
+    return jax.device_put(state, state_shardings(state, logical_specs(boxed), mesh, rules))
 
 
 def long_file_decoder(run: RunInfo, settings, searcher: Searcher | None, mode: str) -> Callable:
