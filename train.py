@@ -11,6 +11,16 @@ usage: python train.py --config configs/NAME.py[:ARG] [--config.SECTION.KEY=VALU
                          if it holds checkpoints the run resumes exactly where it stopped
   --print-config         print the resolved config and exit
 
+Several processes (hosts) training one model together: start the same command on every host with
+  --coordinator HOST:PORT  address of process 0 (any free port there), or "auto": the cluster environment says
+                           (SLURM, Cloud TPU, GKE, Open MPI; jax.distributed.initialize() without arguments)
+  --num-processes N        number of processes in the run
+  --process-id I           this process's number, 0 .. N-1 (process 0 writes the logs, config and metrics)
+(or the environment variables JASR_COORDINATOR, JASR_NUM_PROCESSES, JASR_PROCESS_ID). Inside a SLURM job step
+with several tasks (srun) and on a multi-host TPU slice no flag is needed. The mesh spans the devices of all
+processes; each process loads its own rows of every batch; --workdir must be a folder all processes share
+(checkpoints are written by all processes together).
+
 The config is validated before anything starts. See jasr/config.py:base_config() for every key and its default.
 A mistake in the input (config, manifest, audio, transcripts, tokenizer), a checkpoint that cannot be read or
 written, and a full disk are one line "train.py: error: ..." naming the file or key, with exit status 2.
@@ -45,14 +55,23 @@ def main(argv):
     try:
         cfg, rest = config_from_argv(argv)
         workdir, print_only = None, False
+        dist = {"coordinator": None, "num-processes": None, "process-id": None}
         i = 0
         while i < len(rest):
             a = rest[i]
-            if a == "--workdir" and i + 1 < len(rest):
-                workdir = rest[i + 1]
+            name = a[2:].split("=", 1)[0] if a.startswith("--") else ""
+            if name in ("workdir", *dist) and "=" not in a and i + 1 < len(rest):
+                value = rest[i + 1]
                 i += 1
-            elif a.startswith("--workdir="):
-                workdir = a.split("=", 1)[1]
+            elif name in ("workdir", *dist) and "=" in a:
+                value = a.split("=", 1)[1]
+            else:
+                value = None
+            if value is not None:
+                if name == "workdir":
+                    workdir = value
+                else:
+                    dist[name] = value
             elif a == "--print-config":
                 print_only = True
             else:
@@ -65,9 +84,17 @@ def main(argv):
             return 0
         if not workdir:
             raise ConfigError("--workdir DIR is required")
+        from jasr.distributed import distributed_settings, initialize_distributed
+        distributed_settings(dist["coordinator"], dist["num-processes"], dist["process-id"])   # checks them
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    line = initialize_distributed(dist["coordinator"], dist["num-processes"], dist["process-id"])
+    if line:
+        print(f"[train] {line}", flush=True)
+        from jasr.distributed import is_main_process
+        if not is_main_process():     # process 0 reports for all; the others print only errors (stderr)
+            sys.stdout = open(os.devnull, "w")
     from jasr.audio import AudioError
     from jasr.checkpoint import CheckpointError, is_disk_full
     from jasr.data import DataError

@@ -39,8 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jax.tree_util import keystr, tree_flatten_with_path
 from orbax.checkpoint import checkpoint_managers as ocm
+
+from jasr.distributed import sync_processes
 
 __all__ = ["CheckpointError", "Checkpointer", "is_disk_full", "state_checksums"]
 
@@ -112,8 +115,12 @@ def _checksums(tree):
 
 def state_checksums(tree) -> list[list[int]]:
     """Per array of `tree` (in ``jax.tree.leaves`` order): [sum of its 32-bit words, sum of word * position], both
-    modulo 2**32 (exact and independent of reduction order and sharding; computed on device)."""
-    return np.asarray(jax.device_get(_checksums(tree))).tolist()
+    modulo 2**32 (exact and independent of reduction order and sharding; computed on device; the same in every
+    process of a multi-process run)."""
+    sums = _checksums(tree)
+    if not sums.is_fully_addressable:     # spread over the devices of several processes: every process reads all
+        sums = multihost_utils.process_allgather(sums, tiled=True)
+    return np.asarray(jax.device_get(sums)).tolist()
 
 
 def _verify(state, extra: dict, integrity) -> None:
@@ -248,7 +255,9 @@ class Checkpointer:
             cleanup_tmp_directories=True,
             create=True,
         )
-        self.repaired = self._set_aside_bad_metrics()
+        # several processes: process 0 repairs the (shared) folder, the others wait for it
+        self.repaired = self._set_aside_bad_metrics() if jax.process_index() == 0 else []
+        sync_processes("jasr.checkpoint: folder repaired")
         self._mngr = ocp.CheckpointManager(self.directory, item_names=("state", "extra"), options=options)
 
     def _set_aside_bad_metrics(self) -> list[str]:
@@ -405,9 +414,11 @@ class Checkpointer:
         one of that name is replaced), so that the step can be written again. Returns the new path."""
         src = os.path.join(self.directory, str(step))
         dst = src + ".corrupt"
-        if os.path.exists(dst):
-            shutil.rmtree(dst)
-        os.rename(src, dst)
+        if jax.process_index() == 0:      # several processes: process 0 renames, the others wait for it
+            if os.path.exists(dst):
+                shutil.rmtree(dst)
+            os.rename(src, dst)
+        sync_processes(f"jasr.checkpoint: step {step} set aside")
         self._mngr.reload()
         return dst
 

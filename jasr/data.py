@@ -261,22 +261,31 @@ class _BuildBatch:
     """grain RandomMapTransform: batch plan -> padded numpy batch dict (see make_loader)."""
 
     def __init__(self, utterances, labels, label_weights, buckets, label_buckets, feature_config, batch_config,
-                 cmvn, augment):
+                 cmvn, augment, row_index=0, row_count=1):
         self.utts, self.labels, self.label_weights, self.buckets = utterances, labels, label_weights, buckets
         self.label_buckets, self.fc, self.bc, self.cmvn, self.augment = (label_buckets, feature_config,
                                                                          batch_config, cmvn, augment)
+        self.row_index, self.row_count = row_index, row_count
 
     def random_map(self, plan, rng: np.random.Generator):
         bk = self.buckets[plan["bucket"]]
+        # every row draws from its own generator, seeded by the batch's rng and the row's place in the global
+        # batch: a row comes out the same whichever process builds it (row_index / row_count)
+        base = int(rng.integers(2 ** 63))
+        b = bk.batch_size // self.row_count
+        first = self.row_index * b
         idx = plan["indices"]
+        longest = max((len(self.labels[i]) for i in idx), default=0)   # of the global batch: one N everywhere
+        out: dict[str, Any] = {}
+        if self.row_count > 1:
+            ids = [self.utts[i].id for i in idx] + [""] * (bk.batch_size - len(idx))
+            out["global_ids"] = np.array(ids, dtype=np.str_)
+        idx = idx[first:first + b]
         labels = [self.labels[i] for i in idx]
-        longest = max((len(l) for l in labels), default=0)
         if self.label_buckets is None:
             n = bk.label_len
         else:
             n = next((x for x in self.label_buckets if x >= longest), self.label_buckets[-1])
-        b = bk.batch_size
-        out: dict[str, Any] = {}
         lab = np.zeros((b, n), np.int32)
         lab_pad = np.ones((b, n), np.float32)
         for r, l in enumerate(labels):
@@ -295,7 +304,7 @@ class _BuildBatch:
         for r, i in enumerate(idx):
             u = self.utts[i]
             try:
-                feats = self._features(u, length, raw, rng)
+                feats = self._features(u, length, raw, np.random.default_rng([base, first + r]))
             except (AudioError, _TooLong) as e:
                 if not self.bc.skip_bad_audio:
                     raise type(e)(f"utterance {u.id!r}: {e}") from e
@@ -376,6 +385,7 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
                 batch_config: BatchConfig = BatchConfig(), *, seed: int = 0, shuffle: bool = True,
                 num_epochs: int | None = 1, worker_count: int = 0, worker_buffer_size: int = 2,
                 shard_index: int = 0, shard_count: int = 1, shard_options: grain.ShardOptions | None = None,
+                row_index: int = 0, row_count: int = 1,
                 augment: Callable[[np.ndarray, int, np.random.Generator], np.ndarray] | None = None,
                 label_fn: Callable[[str], Sequence[int]] | None = None,
                 cmvn: CmvnStats | None = None,
@@ -390,12 +400,19 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
       otherwise).
 
     (B, T, N) is one of `loader.bucket_shapes`. Each epoch yields every utterance exactly once (across all shards).
-    `augment(audio, sample_rate, rng)` (e.g. jasr.augment.AudioAugment) runs host-side with a per-batch
-    deterministic rng; `label_fn(text)` overrides `tokenizer.encode`; `output_frames(samples)` is the model's
-    number of output frames for that many audio samples (exact, e.g. after its convolutional subsampling; default
-    feature frames // subsampling): labels must fit it (see BatchConfig.ctc_alignment). Multi-host: pass
+    `augment(audio, sample_rate, rng)` (e.g. jasr.augment.AudioAugment) runs host-side with a per-row
+    deterministic rng (a function of the seed, the global batch index and the row); `label_fn(text)` overrides
+    `tokenizer.encode`; `output_frames(samples)` is the model's number of output frames for that many audio samples
+    (exact, e.g. after its convolutional subsampling; default feature frames // subsampling): labels must fit it
+    (see BatchConfig.ctc_alignment). Multi-host: pass
     shard_index=jax.process_index(), shard_count=jax.process_count(), or shard_options=grain.ShardByJaxProcess()
-    (a grain ShardOptions; its drop_remainder is irrelevant: epochs are padded to a multiple of shard_count).
+    (a grain ShardOptions; its drop_remainder is irrelevant: epochs are padded to a multiple of shard_count):
+    each process then reads whole batches of its own. Or split every batch instead: with `row_count` > 1 every
+    process iterates the same global batches and builds only rows [row_index * B / row_count, (row_index + 1) *
+    B / row_count) of each (jasr.distributed.process_row_block gives the block of the process's devices; every
+    bucket's B must be a multiple of row_count, see BatchConfig.batch_pad_multiple); `bucket_shapes` stay the
+    global (B, T, N), the batches yielded have B / row_count rows, and the rows are those a single process would
+    build (augmentation included); each batch then also carries ``global_ids`` [B], the ids of all its rows.
     """
     if not utterances:
         raise ValueError("make_loader: no utterances")
@@ -403,6 +420,8 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
         shard_index, shard_count = shard_options.shard_index, shard_options.shard_count
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
+    if not 0 <= row_index < row_count:
+        raise ValueError(f"row_index {row_index} not in [0, {row_count})")
     if num_epochs is not None and num_epochs <= 0:
         raise ValueError(f"num_epochs must be positive or None, got {num_epochs}")
     bc, fc = batch_config, feature_config
@@ -528,6 +547,9 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
         for n in (label_buckets or (bk.label_len,)):
             shapes.add((bk.batch_size, length, n))
     sizes = [bk.batch_size for bk in buckets]
+    if any(s % row_count for s in sizes):
+        raise ValueError(f"row_count={row_count}: batch sizes {sizes} do not split into {row_count} equal row "
+                         f"blocks (set BatchConfig.batch_pad_multiple to a multiple of {row_count})")
     counts = [int(np.sum(bucket_of == b)) for b in range(len(buckets))]
     bpe = sum(-(-c // s) for c, s in zip(counts, sizes))
     bpe = _round_up(bpe, shard_count)
@@ -541,7 +563,7 @@ def make_loader(utterances: Sequence[Utterance], tokenizer, feature_config: Feat
     source = _BatchPlanSource(bucket_of, sizes, bpe, seed, shuffle, shard_count, fingerprint)
     sampler = _BatchSampler(bpe, num_epochs, seed)
     build = _BuildBatch(list(utterances), labels, np.asarray(label_weights, np.float32), buckets, label_buckets,
-                        fc, bc, cmvn, augment)
+                        fc, bc, cmvn, augment, row_index, row_count)
     transform = _BuildBatchTransform(build)
     loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[transform],
                               worker_count=worker_count, worker_buffer_size=worker_buffer_size,

@@ -227,14 +227,18 @@ def audio_augment(d: ml_collections.ConfigDict) -> AudioAugment | None:
                         vtlp=tuple(d.vtlp) or None)
 
 
-def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData, task: Task | None = None):
+def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData, task: Task | None = None,
+                      rows: tuple[int, int] = (0, 1)):
     """Endless shuffled bucketed batches of the train split, with the config's augmentation. Transcripts the
     tokenizer cannot encode are left out (``loader.skipped``, cause "unencodable"); a file that fails to decode
-    becomes a padding row named in the batch's ``errors``. Labels must fit `task`'s real output frames."""
+    becomes a padding row named in the batch's ``errors``. Labels must fit `task`'s real output frames.
+    `rows` = (index, count): this process builds row block `index` of `count` of every global batch
+    (:func:`jasr.distributed.process_row_block`; its batches also carry the ``global_ids`` of all rows)."""
     bc = dataclasses.replace(data.batch_config, skip_unencodable=True, skip_bad_audio=True)
     return make_loader(data.train, data.tokenizer, data.feature_config, bc, seed=cfg.data.shuffle_seed,
                        shuffle=True, num_epochs=None, worker_count=cfg.data.num_workers, label_fn=data.label_fn,
-                       augment=audio_augment(cfg.data), output_frames=_output_frames(task, data.feature_config))
+                       augment=audio_augment(cfg.data), output_frames=_output_frames(task, data.feature_config),
+                       row_index=rows[0], row_count=rows[1])
 
 
 def make_eval_loader(cfg: ml_collections.ConfigDict, utts: list[Utterance], tokenizer, *, edges=None,

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import contextlib
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -30,11 +31,12 @@ from jasr import metrics as metrics_lib
 from jasr.averaging import ema_decay_at, ema_update
 from jasr.checkpoint import Checkpointer
 from jasr.config import ConfigError, base_config, load_saved_config, save_config, validate_config
+from jasr.distributed import global_batch, host_sum, is_main_process, process_row_block, sync_processes
 from jasr.logs import SkipLog, TrainLogger
 from jasr.manifests import Utterance, check_utterances
 from jasr.optim import make_optimizer_from_config
 from jasr.sharding import (DEFAULT_RULES, batch_devices, logical_specs, make_mesh, mesh_context, per_device_mib,
-                           replicated, shard_batch, state_shardings)
+                           replicated, state_shardings)
 from jasr.run_data import (RunData, check_bad_fraction, cut_dev_summary, device_inputs, dummy_batch, feature_config,
                            make_eval_loader, make_train_loader, prepare_data, raw_audio_batches, reference_texts,
                            resolve, unencodable_summary)
@@ -69,35 +71,51 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir)):
         _check_resume_config(cfg, workdir)
-    save_config(cfg, os.path.join(workdir, "config.json"))
-
-    data = prepare_data(cfg, workdir, root)
-    hf_dir = init_source(cfg, workdir, root)
+    # several processes: process 0 writes the run files (config, tokenizer, demo corpus, init_from copy) first;
+    # the others then read them (a shared folder) or make their own identical copies (a host-local one)
+    main = is_main_process()
+    say = functools.partial(print, flush=True) if main else (lambda *a, **k: None)
+    if main:
+        save_config(cfg, os.path.join(workdir, "config.json"))
+        data, hf_dir = prepare_data(cfg, workdir, root), init_source(cfg, workdir, root)
+    sync_processes("jasr.training: run files")
+    if not main:
+        data, hf_dir = prepare_data(cfg, workdir, root), init_source(cfg, workdir, root)
     task = build_task(cfg, data.tokenizer.vocab_size, data.feature_config, tokenizer=data.tokenizer, hf_dir=hf_dir)
-    train_loader = make_train_loader(cfg, data, task)
+    # -- devices: a mesh over the devices of all processes; each process loads its rows of every batch ----------
+    mesh = make_mesh(cfg.mesh)
+    if jax.process_count() > 1 and mesh.size != jax.device_count():
+        raise ConfigError(f"config 'mesh': a run of {jax.process_count()} processes needs a mesh over all "
+                          f"{jax.device_count()} devices, got {dict(mesh.shape)} ({mesh.size} devices)")
+    sharded = mesh.size > 1
+    rows = process_row_block(mesh)
+    train_loader = make_train_loader(cfg, data, task, rows=rows)
     tx, schedule = make_optimizer_from_config(cfg.optim, t.num_steps, frozen=task.frozen)
     init_batch = dummy_batch(train_loader.bucket_shapes[0], data.feature_config, raw_audio_batches(cfg))
     init_fn = jax.jit(functools.partial(create_train_state, task=task, tx=tx))
     init_key = jax.random.PRNGKey(cfg.seed)
     abstract = jax.eval_shape(init_fn, init_key, batch=init_batch)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
-    # -- devices: a mesh over the devices of all processes; params and optimiser state sharded by logical names --
-    mesh = make_mesh(cfg.mesh)
-    sharded = mesh.size > 1
+    # params and optimiser state sharded by logical names
     rules = getattr(task, "logical_axis_rules", DEFAULT_RULES)
     shardings = None
     if sharded:
         boxed = jax.eval_shape(task.init_boxed, jax.random.fold_in(init_key, 2), init_batch)["params"]
         shardings = state_shardings(abstract, logical_specs(boxed), mesh, rules)
-        print(f"[train] mesh {dict(mesh.shape)} over {mesh.size} of {jax.device_count()} devices "
-              f"({jax.devices()[0].platform}); batch rows split over {batch_devices(mesh)}", flush=True)
+        # a fresh or imported state is created sharded (each device computes its own shards)
+        init_fn = jax.jit(functools.partial(create_train_state, task=task, tx=tx), out_shardings=shardings)
+        say(f"[train] mesh {dict(mesh.shape)} over {mesh.size} of {jax.device_count()} devices "
+            f"({jax.devices()[0].platform}); batch rows split over {batch_devices(mesh)}"
+            + (f"; {jax.process_count()} processes, each loading 1/{rows[1]} of every batch"
+               if jax.process_count() > 1 else ""))
     edges = [float(b.max_duration) for b in train_loader.buckets]
     dev_loader = make_eval_loader(cfg, data.dev, data.tokenizer, edges=edges, task=task) if data.dev else None
-    print(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
-          f"{train_loader.num_utterances} train / {dev_loader.num_utterances if dev_loader else 0} dev utterances"
-          f"{_left_out_note(data, train_loader)}; batch shapes {train_loader.bucket_shapes}", flush=True)
-    with open(os.path.join(workdir, "buckets.json"), "w") as f:
-        json.dump({"bucket_boundaries": edges, "bucket_shapes": train_loader.bucket_shapes}, f)
+    say(f"[train] model {cfg.model.name}: {n_params / 1e6:.2f}M parameters; vocab {data.tokenizer.vocab_size}; "
+        f"{train_loader.num_utterances} train / {dev_loader.num_utterances if dev_loader else 0} dev utterances"
+        f"{_left_out_note(data, train_loader)}; batch shapes {train_loader.bucket_shapes}")
+    if main:
+        with open(os.path.join(workdir, "buckets.json"), "w") as f:
+            json.dump({"bucket_boundaries": edges, "bucket_shapes": train_loader.bucket_shapes}, f)
 
     # -- initialise, or restore the latest checkpoint ---------------------------------------------------------
     it = iter(train_loader)
@@ -105,7 +123,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                         best_metric=task.best_metric)
     start, ema = 0, None
     for note in ckpt.repaired:
-        print(f"[train] {note}", flush=True)
+        say(f"[train] {note}")
     if ckpt.latest_step() is not None:
         # the newest checkpoint that reads back whole; newer ones that do not are set aside (<step>.corrupt), so
         # that the run writes those steps again
@@ -115,29 +133,26 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         state, ema = split_checkpoint_tree(saved, t.ema_decay)
         for s, why in skipped:
             moved = ckpt.set_aside(s)
-            print(f"[train] checkpoint step {s} does not read back whole ({why}); skipped it, moved to {moved}",
-                  flush=True)
+            say(f"[train] checkpoint step {s} does not read back whole ({why}); skipped it, moved to {moved}")
         it.set_state(extra["data_state"])
         start = int(state.step)
-        print(f"[train] resumed from {ckpt_dir} at step {start}", flush=True)
+        say(f"[train] resumed from {ckpt_dir} at step {start}")
     elif t.init_from:
         src = resolve(t.init_from, root)
         params = task.load_pretrained(src, jax.random.fold_in(init_key, 1))
+        if sharded:     # host arrays: the sharded init_fn takes them on every process
+            params = jax.device_get(params)
         _check_same_tree(params, abstract.params, src)
         state = _commit(init_fn(init_key, batch=init_batch, params=params))
-        print(f"[train] initialised from {src}", flush=True)
+        say(f"[train] initialised from {src}")
     else:
         state = _commit(init_fn(init_key, batch=init_batch))
-    if sharded:        # a restored checkpoint comes back sharded already; a fresh or imported state is placed here
-        state = jax.device_put(state, shardings)
-        ema = None if ema is None else jax.device_put(ema, shardings.params)
     if start == 0:
         ema = state.params if t.ema_decay > 0 else None    # ema_0 = params_0
-    print(f"[train] per device: {per_device_mib(state.params):.2f} MiB of parameters, "
-          f"{per_device_mib((state.opt_state, ema)):.2f} MiB of optimiser state and EMA (activations not counted)",
-          flush=True)
+    say(f"[train] per device: {per_device_mib(state.params):.2f} MiB of parameters, "
+        f"{per_device_mib((state.opt_state, ema)):.2f} MiB of optimiser state and EMA (activations not counted)")
     if start >= t.num_steps:
-        print(f"[train] already at step {start} >= train.num_steps={t.num_steps}; nothing to do", flush=True)
+        say(f"[train] already at step {start} >= train.num_steps={t.num_steps}; nothing to do")
         ckpt.close()
         return {"step": start}
 
@@ -145,14 +160,17 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx),
                        **({"out_shardings": (shardings, replicated(mesh))} if sharded else {}))
     ema_fn = jax.jit(lambda e, p, s: ema_update(e, p, ema_decay_at(s, t.ema_decay)))
-    eval_fn = eval_function(task)
+    # several processes: dev batches are whole on every process, the outputs replicated (read by each)
+    eval_fn = eval_function(task, mesh if jax.process_count() > 1 else None)
     dev_texts = reference_texts(data.dev)
-    logger = TrainLogger(workdir, t.num_steps, start, progress=t.progress, tensorboard=t.tensorboard)
-    skips = SkipLog(workdir, start, echo=logger.write)
+    # only process 0 writes the run's logs; the others log into a scratch folder of their own
+    log_dir = workdir if main else tempfile.mkdtemp(prefix=f"jasr-process{jax.process_index()}-")
+    logger = TrainLogger(log_dir, t.num_steps, start, progress=t.progress and main, tensorboard=t.tensorboard and main)
+    skips = SkipLog(log_dir, start, echo=logger.write)
     counts = functools.partial(_counts, skips, data, train_loader, dev_loader)
     logger.log_data(start, _log_left_out(skips, data, train_loader, dev_loader, logger.write,
                                          cfg.data.max_bad_fraction))
-    acc, n_acc = None, 0
+    acc, n_acc, counted = None, 0, np.zeros(2)
     infeasible = []      # (step, batch ids, per-row flags on device) until the next log line reads them
     step = start
     final = {}
@@ -167,15 +185,17 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
                 _log_failed(skips, step + 1, "train", batch["ids"], batch["errors"], data, counts, logger,
                             cfg.data.max_bad_fraction)
             inputs = device_inputs(batch)
-            state, m = train_fn(state, shard_batch(inputs, mesh) if sharded else inputs, step_key(state))
+            state, m = train_fn(state, global_batch(inputs, mesh) if sharded else inputs, step_key(state))
             step += 1
             if ema is not None:
                 ema = ema_fn(ema, state.params, state.step)
-            infeasible.append((step, batch["ids"], m.pop("infeasible_rows")))
+            infeasible.append((step, batch.get("global_ids", batch["ids"]), m.pop("infeasible_rows")))
             acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
             n_acc += 1
-            logger.count(float(inputs["row_weights"].sum()), float(np.sum(batch["durations"])))
+            counted += (float(inputs["row_weights"].sum()), float(np.sum(batch["durations"])))
             if step % t.log_every == 0 or step == t.num_steps:
+                logger.count(*(float(x) for x in host_sum(counted, mesh)))     # all processes' rows
+                counted[:] = 0
                 host = jax.device_get(acc)
                 rec = {"loss": float(host["loss"]) / n_acc, "grad_norm": float(host["grad_norm"]) / n_acc,
                        "skipped": float(host["skipped"]), "skipped_total": int(state.skipped),
@@ -387,9 +407,10 @@ def _check_same_tree(params, abstract, src: str) -> None:
 # ------------------------------------------------------------------------------------------------------------
 # evaluation
 
-def eval_function(task: Task) -> Callable:
-    """The jitted :func:`~jasr.steps.eval_step` of `task`: (state, batch) -> outputs."""
-    return jax.jit(functools.partial(eval_step, task=task))
+def eval_function(task: Task, mesh=None) -> Callable:
+    """The jitted :func:`~jasr.steps.eval_step` of `task`: (state, batch) -> outputs; with a `mesh`, the outputs
+    are replicated over it (every process of a multi-process run reads them; the batch is whole on each)."""
+    return jax.jit(functools.partial(eval_step, task=task), **({"out_shardings": replicated(mesh)} if mesh else {}))
 
 
 def decode_function(task: Task) -> Callable:
