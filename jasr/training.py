@@ -6,7 +6,9 @@ The loop does I/O only: it reads the config, data and tokenizer (:mod:`jasr.run_
 the same step, optimiser state, PRNG key and data position (the data iterator's state is checkpointed with the
 train state), and logs the same losses as a run that was never interrupted. With ``train.ema_decay`` > 0 the loop
 also keeps an exponential moving average of the params (:mod:`jasr.averaging`), checkpointed with the state; dev
-evaluation, the best checkpoint and ``load_run`` then use the EMA params.
+evaluation, the best checkpoint and ``load_run`` then use the EMA params. A run of several processes
+(:mod:`jasr.distributed`) has one mesh over all their devices: each process loads its own rows of every batch,
+process 0 alone writes the run files and logs, and all of them write the checkpoints together.
 """
 from __future__ import annotations
 
@@ -231,6 +233,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         scope.close()
         ckpt.close()
         logger.close()
+        if not main:
+            shutil.rmtree(log_dir, ignore_errors=True)
     final.update({"step": step, "wall_s": time.time() - t0, "skipped_total": int(state.skipped)})
     return final
 

@@ -1,17 +1,24 @@
 """Multi-process training (jasr.distributed): two processes on localhost, joined by jax.distributed with gloo CPU
 collectives and 2 host CPU devices each, train a tiny Conformer-CTC through train.py's --coordinator /
 --num-processes / --process-id and match one single-device process step by step; the checkpoint they write together
-resumes in one process with the same losses. Plus the settings' checks (no processes needed)."""
+resumes in one process with the same losses. Plus the settings' checks and the loader's per-process row blocks
+(no processes needed)."""
 import json
 import os
 import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from jasr.augment import AudioAugment
+from jasr.data import BatchConfig, make_loader
 from jasr.distributed import distributed_settings
+from jasr.features import FeatureConfig
 from jasr.logs import read_jsonl
+from jasr.manifests import read_manifest
+from jasr.tokenizers import CharTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDD = os.path.join(ROOT, "..", "shared", "data", "fsdd")
@@ -125,3 +132,25 @@ def test_distributed_settings_from_flags_environment_and_clusters():
         distributed_settings(env={"JASR_NUM_PROCESSES": "two", "JASR_COORDINATOR": "h:1", "JASR_PROCESS_ID": "0"})
     with pytest.raises(ValueError, match="do not also pass"):
         distributed_settings("auto", 2, env={})
+
+
+def test_row_blocks_of_two_processes_join_into_the_single_process_batches(tmp_path):
+    """make_loader(row_index=i, row_count=2) builds rows [i * B / 2, (i + 1) * B / 2) of the batches a single
+    loader yields, augmentation (speed, gain, noise, dither) included, over two epochs."""
+    utts = read_manifest(_manifest(str(tmp_path / "train.jsonl"), ("_george_0", "_george_1", "_george_2")))
+    tok = CharTokenizer.from_texts(u.text for u in utts)
+    fc = FeatureConfig(kind="fbank", sample_rate=8000, num_mel_bins=16, dither=1.0)
+    bc = BatchConfig(max_frames=800, num_buckets=2, batch_pad_multiple=2)
+    aug = AudioAugment(speeds=(0.9, 1.0, 1.1), gain_db=(-6.0, 6.0), noise_snr_db=(10.0, 20.0), noise_prob=0.5)
+
+    def batches(**rows):
+        return list(make_loader(utts, tok, fc, bc, seed=5, num_epochs=2, augment=aug, **rows))
+    whole, first, second = batches(), batches(row_index=0, row_count=2), batches(row_index=1, row_count=2)
+    assert len(whole) == len(first) == len(second) > 4
+    assert {b["features"].shape[0] for b in whole} != {1}                      # batches of several rows
+    for w, a, b in zip(whole, first, second):
+        assert list(a["global_ids"]) == list(b["global_ids"]) == list(w["ids"])
+        for k in ("features", "feature_paddings", "labels", "label_paddings", "ids", "label_weights"):
+            np.testing.assert_array_equal(np.concatenate([a[k], b[k]]), w[k], err_msg=k)
+    with pytest.raises(ValueError, match="do not split into 3 equal row blocks"):
+        make_loader(utts, tok, fc, bc, row_index=0, row_count=3)
