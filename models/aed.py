@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from models.conformer import Conv2dSubsampling, ConformerConfig, ConformerEncoder, check_encoder_inputs
 from models.aed_search import beam_search  # noqa: F401  (re-exported: models.aed's decoding functions)
+from models.layer_stack import StackOptions
 from models.lstm import LSTMDecoder, LSTMDecoderConfig
 from models.transformer import (TransformerConfig, TransformerDecoder, TransformerEncoder, constrain, dense,
                                 lengths_from_paddings, paddings_from_lengths)
@@ -134,6 +135,7 @@ class AEDConfig:
 class TransformerAudioEncoder(nn.Module):
     """Conv2d subsampling front end + plain Transformer encoder (sizes from a ConformerConfig)."""
     config: ConformerConfig
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, features, paddings, train: bool = False):
@@ -148,7 +150,8 @@ class TransformerAudioEncoder(nn.Module):
                                  ff_dropout_rate=cfg.ff_dropout_rate, normalize_before=True,
                                  layer_norm_eps=cfg.layer_norm_eps, use_bias=cfg.use_bias, dtype=cfg.dtype,
                                  param_dtype=cfg.param_dtype, remat=cfg.remat, scan_layers=cfg.scan_layers)
-        return TransformerEncoder(tcfg, name="transformer")(x.astype(cfg.compute_dtype), out_paddings, train)
+        encoder = TransformerEncoder(tcfg, self.stack, name="transformer")
+        return encoder(x.astype(cfg.compute_dtype), out_paddings, train)
 
 
 def shift_labels(labels, label_paddings, sos_id: int, eos_id: int):
@@ -174,14 +177,16 @@ class AEDModel(nn.Module):
     - ``decode(tokens [B,U], enc, enc_paddings, train)`` -> logits ``[B,U,V]`` float32 (teacher forcing).
     - ``init_state(enc, enc_paddings, max_len)`` / ``step(tokens [B], index, state)`` -> incremental decoding.
     Decoding: :func:`greedy_search`, :func:`models.aed_search.beam_search` (re-exported here).
+    ``stack`` (remat policy, pipeline stages) applies to the encoder's and the Transformer decoder's layer stacks.
     """
     config: AEDConfig
+    stack: StackOptions = StackOptions()
 
     def setup(self):
         cfg = self.config
-        self.encoder = (ConformerEncoder(cfg.encoder) if cfg.encoder_type == "conformer"
-                        else TransformerAudioEncoder(cfg.encoder))
-        self.decoder = (TransformerDecoder(cfg.decoder) if isinstance(cfg.decoder, TransformerConfig)
+        self.encoder = (ConformerEncoder(cfg.encoder, self.stack) if cfg.encoder_type == "conformer"
+                        else TransformerAudioEncoder(cfg.encoder, self.stack))
+        self.decoder = (TransformerDecoder(cfg.decoder, self.stack) if isinstance(cfg.decoder, TransformerConfig)
                         else LSTMDecoder(cfg.decoder))
         if cfg.use_ctc:
             self.ctc_head = dense(cfg.vocab_size, ("embed", "vocab"), dtype=jnp.float32,

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.hf_io import StrictKeys
+from models.layer_stack import LayerStack, StackOptions
 from models.transformer import (NEG_INF, canonical_dtype, check_features, constrain, dense, layer_norm,
                                 lengths_from_paddings, paddings_from_lengths, partitioned, sinusoidal_positions)
 
@@ -336,23 +337,10 @@ class ConformerBlock(nn.Module):
         return constrain(x, ("batch", "length", "embed")), None
 
 
-def _layer_stack(block_cls, cfg, deterministic: bool, x, *broadcast_args, name_prefix="layers"):
-    """Apply ``cfg.num_layers`` blocks, optionally rematerialised and/or scanned (called inside a compact method).
-    Scanned parameters live under ``name_prefix`` with a leading "layers" axis; plain ones under
-    ``{name_prefix}_{i}``."""
-    block = block_cls
-    if cfg.remat:
-        block = nn.remat(block, prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
-        stack = nn.scan(block, variable_axes={"params": 0, "batch_stats": 0},
-                        split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast,) * len(broadcast_args), length=cfg.num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
-        x, _ = stack(cfg, deterministic, name=name_prefix)(x, *broadcast_args)
-        return x
-    for i in range(cfg.num_layers):
-        x, _ = block(cfg, deterministic, name=f"{name_prefix}_{i}")(x, *broadcast_args)
-    return x
+def conformer_stack(cfg: ConformerConfig, deterministic: bool, options: StackOptions = StackOptions()) -> LayerStack:
+    """The encoder's layer stack: ``(x, valid [B,T'] per row, pos shared)``."""
+    return LayerStack(ConformerBlock, cfg.num_layers, (("config", cfg), ("deterministic", deterministic)), options,
+                      remat=cfg.remat, scan=cfg.scan_layers, in_axes=(nn.broadcast, nn.broadcast), rows=(True, False))
 
 
 def check_encoder_inputs(cfg: ConformerConfig, features, paddings) -> None:
@@ -364,8 +352,10 @@ def check_encoder_inputs(cfg: ConformerConfig, features, paddings) -> None:
 
 
 class ConformerEncoder(nn.Module):
-    """``(features [B,T,F], paddings [B,T], train) -> (x [B,T',d_model] compute dtype, out_paddings [B,T'])``."""
+    """``(features [B,T,F], paddings [B,T], train) -> (x [B,T',d_model] compute dtype, out_paddings [B,T'])``;
+    ``stack`` says how the layers run (remat policy, pipeline stages)."""
     config: ConformerConfig
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, features, paddings, train: bool = False):
@@ -381,7 +371,8 @@ class ConformerEncoder(nn.Module):
         pos = nn.Dropout(cfg.pos_dropout_rate, deterministic=not train)(pos)
         x = constrain(x.astype(dt), ("batch", "length", "embed"))
         valid = out_paddings < 0.5
-        x = _layer_stack(ConformerBlock, cfg, not train, x, valid, pos)
+        plan = conformer_stack(cfg, not train, self.stack)
+        x, _ = plan(self, plan.build(), x, valid, pos)
         return x, out_paddings
 
 
@@ -392,13 +383,14 @@ class ConformerCTC(nn.Module):
     logits ``[B, T', vocab_size]`` float32, ``T' = config.output_length(T)``.
     """
     config: ConformerConfig
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, features, feature_paddings, train: bool = False):
         cfg = self.config
         if cfg.vocab_size < 1:
             raise ValueError("ConformerCTC needs ConformerConfig.vocab_size >= 1 (blank id 0 included)")
-        x, out_paddings = ConformerEncoder(cfg, name="encoder")(features, feature_paddings, train)
+        x, out_paddings = ConformerEncoder(cfg, self.stack, name="encoder")(features, feature_paddings, train)
         logits = dense(cfg.vocab_size, ("embed", "vocab"), dtype=jnp.float32, param_dtype=cfg.params_dtype,
                        name="ctc_head")(x.astype(jnp.float32))
         return constrain(logits, ("batch", "length", "vocab")), out_paddings

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.layer_stack import LayerStack, StackOptions
 from models.logical import constrain, partitioned
 
 Dtype = Any
@@ -238,27 +239,19 @@ def _sublayer(cfg, norm, fn, x, drop):
     return norm(x + drop(fn(x))).astype(dt)
 
 
-def stacked(block_cls, cfg, deterministic: bool, carry, per_layer, *broadcast_args, name="layers", **block_kw):
-    """Run ``cfg.num_layers`` blocks ``(carry, per_layer_i, *broadcast) -> (carry, out_i)``, with nn.remat and/or
-    nn.scan as configured. ``per_layer`` (a pytree or None) and the returned outputs carry the layer axis at
-    position 1 (batch stays first, so that beam search can reorder states along axis 0). Parameters: under ``name``
-    with a leading "layers" axis when scanned, else under ``{name}_{i}``. Call inside a compact method."""
-    block = block_cls
-    if cfg.remat:
-        block = nn.remat(block, prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
-        stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                        in_axes=(1,) + (nn.broadcast,) * len(broadcast_args), out_axes=1, length=cfg.num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
-        return stack(cfg, deterministic, name=name, **block_kw)(carry, per_layer, *broadcast_args)
-    outs = []
-    for i in range(cfg.num_layers):
-        layer_in = None if per_layer is None else jax.tree_util.tree_map(lambda a: a[:, i], per_layer)
-        carry, out = block(cfg, deterministic, name=f"{name}_{i}", **block_kw)(carry, layer_in, *broadcast_args)
-        outs.append(out)
-    if outs[0] is None:
-        return carry, None
-    return carry, jax.tree_util.tree_map(lambda *a: jnp.stack(a, axis=1), *outs)
+def stacked(module: nn.Module, block_cls, cfg, deterministic: bool, carry, per_layer, *broadcast_args, name="layers",
+            stack: StackOptions = StackOptions(), rows: tuple = (), **block_kw):
+    """Run ``cfg.num_layers`` blocks ``(carry, per_layer_i, *broadcast) -> (carry, out_i)`` of `module` (call inside
+    its compact method) through :class:`models.layer_stack.LayerStack`: nn.remat / nn.scan as configured, pipelined
+    when ``stack.stages > 1`` and ``per_layer`` is None. ``per_layer`` (a pytree or None) and the returned outputs
+    carry the layer axis at position 1 (batch stays first, so that beam search can reorder states along axis 0);
+    ``rows`` flags the broadcast arguments whose leading axis is the batch. Parameters: under ``name`` with a leading
+    "layers" axis when scanned, else under ``{name}_{i}``."""
+    kwargs = (("config", cfg), ("deterministic", deterministic)) + tuple(block_kw.items())
+    plan = LayerStack(block_cls, cfg.num_layers, kwargs, stack, remat=cfg.remat, scan=cfg.scan_layers,
+                      in_axes=(1,) + (nn.broadcast,) * len(broadcast_args),
+                      rows=(False,) + (tuple(rows) or (False,) * len(broadcast_args)), out_axis=1, name=name)
+    return plan(module, plan.build(), carry, per_layer, *broadcast_args)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -282,8 +275,10 @@ class TransformerEncoderLayer(nn.Module):
 class TransformerEncoder(nn.Module):
     """A plain Transformer encoder over already-embedded frames:
     ``(x [B,T,D], paddings [B,T], train) -> (y [B,T,D], paddings)``. With ``positions="sinusoidal"`` absolute
-    sinusoidal positions are added first (scale the input yourself, e.g. the front end's ``xscale``)."""
+    sinusoidal positions are added first (scale the input yourself, e.g. the front end's ``xscale``). ``stack``:
+    remat policy and pipeline stages of the layer stack."""
     config: TransformerConfig
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, x, paddings, train: bool = False):
@@ -294,7 +289,7 @@ class TransformerEncoder(nn.Module):
             x = x + jnp.asarray(sinusoidal_positions(x.shape[1], cfg.d_model), x.dtype)
         x = nn.Dropout(cfg.dropout_rate, deterministic=not train)(x).astype(dt)
         mask = (paddings < 0.5)[:, None, None, :]
-        x, _ = stacked(TransformerEncoderLayer, cfg, not train, x, None, mask)
+        x, _ = stacked(self, TransformerEncoderLayer, cfg, not train, x, None, mask, stack=self.stack, rows=(True,))
         if cfg.normalize_before:
             x = _norm(cfg, "final_norm")(x).astype(dt)
         return x, paddings
@@ -367,8 +362,11 @@ class TransformerDecoder(nn.Module):
       the cross-attention keys/values of every layer and an empty ``max_len``-position self-attention cache.
     - ``step(tokens [B] int, index (int scalar), state)`` -> ``(logits [B,V] float32, state)``: the token at position
       ``index``; equals ``__call__``'s logits at that position.
+
+    ``stack`` (remat policy, pipeline stages) applies to teacher forcing; cached decoding runs the layers unpipelined.
     """
     config: TransformerConfig
+    stack: StackOptions = StackOptions()
 
     def init_state(self, memory, memory_paddings, max_len: int):
         return self(None, memory, memory_paddings, mode="prefill", max_len=max_len)
@@ -405,19 +403,20 @@ class TransformerDecoder(nn.Module):
             return dense(cfg.vocab_size, ("embed", "vocab"), dtype=jnp.float32, param_dtype=cfg.params_dtype,
                          name="output")(x.astype(jnp.float32))
 
+        unpiped = dataclasses.replace(self.stack, stages=1, microbatches=0)   # cached decoding runs unpipelined
         if mode == "prefill":
             if max_len < 1:
                 raise ValueError(f"max_len must be >= 1, got {max_len}")
             x = jnp.zeros((memory.shape[0], 1, cfg.d_model), dt)
-            _, layers = stacked(TransformerDecoderLayer, cfg, True, x, None, memory, memory_paddings < 0.5,
-                                jnp.int32(0), name="layers", mode="prefill", max_len=max_len)
+            _, layers = stacked(self, TransformerDecoderLayer, cfg, True, x, None, memory, memory_paddings < 0.5,
+                                jnp.int32(0), name="layers", mode="prefill", max_len=max_len, stack=unpiped)
             return {"layers": layers, "memory_valid": memory_paddings < 0.5}
         if mode == "step":
             n = state["layers"]["self_k"].shape[2]
             pos = jax.lax.dynamic_slice_in_dim(table(n), index, 1, 0)
             x = embed(tokens[:, None], pos[None])
-            x, layers = stacked(TransformerDecoderLayer, cfg, True, x, state["layers"], None,
-                                state["memory_valid"], index, name="layers", mode="step")
+            x, layers = stacked(self, TransformerDecoderLayer, cfg, True, x, state["layers"], None,
+                                state["memory_valid"], index, name="layers", mode="step", stack=unpiped)
             return head(x)[:, 0], {**state, "layers": layers}
         if mode != "full":
             raise ValueError(f"mode must be 'full', 'prefill' or 'step', got {mode!r}")
@@ -425,6 +424,6 @@ class TransformerDecoder(nn.Module):
             raise ValueError(f"tokens must be [batch, length] integers, got {tokens.shape} {tokens.dtype}")
         x = embed(tokens, table(tokens.shape[1])[None])
         x = nn.Dropout(cfg.dropout_rate, deterministic=not train)(x)
-        x, _ = stacked(TransformerDecoderLayer, cfg, not train, x, None, memory, memory_paddings < 0.5,
-                       jnp.int32(0), name="layers", mode="full")
+        x, _ = stacked(self, TransformerDecoderLayer, cfg, not train, x, None, memory, memory_paddings < 0.5,
+                       jnp.int32(0), name="layers", mode="full", stack=self.stack, rows=(True, True, False))
         return head(x)

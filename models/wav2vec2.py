@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.layer_stack import LayerStack, StackOptions
 from models.logical import partitioned
 from models.wav2vec2_config import (  # noqa: F401  (feat_extract_output_lengths: re-exported)
     Wav2Vec2Config, activation, check_audio, feat_extract_output_lengths, frame_paddings)
@@ -200,9 +201,13 @@ class PositionalConvEmbedding(nn.Module):
         b = self.param("bias", partitioned(nn.initializers.zeros_init(), ("embed",)), (e,), pdt)
         vf = v.astype(jnp.float32)
         w = vf * (wg.astype(jnp.float32) / jnp.sqrt(jnp.sum(jnp.square(vf), axis=(1, 2))))[:, None, None]
-        y = jax.lax.conv_general_dilated(
-            x.astype(dtype), w.astype(dtype), window_strides=(1,), padding=[(k // 2, k // 2)],
-            dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=g, preferred_element_type=jnp.float32)
+        # one convolution per group, not feature_group_count=g: XLA's SPMD partitioner (jax 0.10 on CPU) sums a
+        # grouped convolution's weight gradient over mesh axes the batch is not split over (x2 under dp4 x tp2)
+        c = e // g
+        y = jnp.concatenate([jax.lax.conv_general_dilated(
+            x[..., i * c:(i + 1) * c].astype(dtype), w[:, :, i * c:(i + 1) * c].astype(dtype), window_strides=(1,),
+            padding=[(k // 2, k // 2)], dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32)
+            for i in range(g)], axis=-1)
         y = y + b.astype(jnp.float32)
         if k % 2 == 0:
             y = y[:, :-1]
@@ -303,21 +308,23 @@ class EncoderLayer(nn.Module):
         if not self.deterministic and cfg.layerdrop > 0.0:
             skip = jax.random.uniform(self.make_rng("dropout"), ()) < cfg.layerdrop
             y = jnp.where(skip, x, y)
-        return y.astype(dtype)
+        return y.astype(dtype), None
 
 
 class _ScannedLayer(nn.Module):
+    """The scanned layout's layer (parameters under ``layers/layer``, as saved checkpoints have them)."""
     config: Wav2Vec2Config
     deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, key_mask):
-        layer_cls = nn.remat(EncoderLayer, prevent_cse=False) if self.config.remat else EncoderLayer
-        return layer_cls(self.config, self.deterministic, name="layer")(x, key_mask), None
+        return EncoderLayer(self.config, self.deterministic, name="layer")(x, key_mask)
 
 
 class Encoder(nn.Module):
+    """Positional conv embedding + layer norm + the layer stack (``stack``: remat policy, pipeline stages)."""
     config: Wav2Vec2Config
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, x, frame_pads, deterministic: bool = True):
@@ -333,15 +340,10 @@ class Encoder(nn.Module):
             x = ln(x)
         x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        if cfg.scan_layers:
-            stack = nn.scan(_ScannedLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                            in_axes=(nn.broadcast,), length=cfg.num_hidden_layers,
-                            metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = stack(cfg, deterministic, name="layers")(x, key_mask)
-        else:
-            layer_cls = nn.remat(EncoderLayer) if cfg.remat else EncoderLayer
-            for i in range(cfg.num_hidden_layers):
-                x = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, key_mask)
+        plan = LayerStack(_ScannedLayer if cfg.scan_layers else EncoderLayer, cfg.num_hidden_layers,
+                          (("config", cfg), ("deterministic", deterministic)), self.stack, remat=cfg.remat,
+                          scan=cfg.scan_layers, in_axes=(nn.broadcast,), rows=(True,))
+        x, _ = plan(self, plan.build(), x, key_mask)
         if cfg.do_stable_layer_norm:
             x = ln(x)
         return x
@@ -425,9 +427,11 @@ class Wav2Vec2CTCOutput:
 
 
 class Wav2Vec2Model(nn.Module):
-    """Feature encoder + projection + (optional SpecAugment) + transformer encoder."""
+    """Feature encoder + projection + (optional SpecAugment) + transformer encoder (``stack``: how its layers run,
+    remat policy and pipeline stages)."""
 
     config: Wav2Vec2Config
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, input_values, paddings=None, *, deterministic: bool = True, mask_time_indices=None,
@@ -466,7 +470,7 @@ class Wav2Vec2Model(nn.Module):
                 hidden = jnp.where(fm[:, None, :], jnp.zeros((), hidden.dtype), hidden)
         else:
             mask_time_indices = None
-        hidden = Encoder(cfg, name="encoder")(hidden, fpads, deterministic)
+        hidden = Encoder(cfg, self.stack, name="encoder")(hidden, fpads, deterministic)
         if fpads is None:
             fpads = jnp.zeros((b, t), jnp.float32)
         return Wav2Vec2Output(hidden, normed, fpads,
@@ -475,6 +479,7 @@ class Wav2Vec2Model(nn.Module):
 
 class Wav2Vec2ForCTC(nn.Module):
     config: Wav2Vec2Config
+    stack: StackOptions = StackOptions()
 
     @nn.compact
     def __call__(self, input_values, paddings=None, *, deterministic: bool = True, mask_time_indices=None,
@@ -482,7 +487,7 @@ class Wav2Vec2ForCTC(nn.Module):
         cfg = self.config
         if cfg.vocab_size is None:
             raise ValueError("Wav2Vec2ForCTC needs config.vocab_size")
-        out = Wav2Vec2Model(cfg, name="wav2vec2")(input_values, paddings, deterministic=deterministic,
+        out = Wav2Vec2Model(cfg, self.stack, name="wav2vec2")(input_values, paddings, deterministic=deterministic,
                                                   mask_time_indices=mask_time_indices,
                                                   mask_feature_indices=mask_feature_indices)
         h = nn.Dropout(cfg.final_dropout)(out.last_hidden_state, deterministic=deterministic)

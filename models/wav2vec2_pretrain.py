@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
+from models.layer_stack import StackOptions
 from models.logical import partitioned
 from models.wav2vec2 import (Wav2Vec2Config, Wav2Vec2Model, w2v_dense, torch_linear_init,
                              compute_mask_indices, feat_extract_output_lengths, frame_paddings, spec_augment_masks)
@@ -136,12 +137,13 @@ class Wav2Vec2PreTrainingOutput:
 
 class Wav2Vec2ForPreTraining(nn.Module):
     config: Wav2Vec2Config
+    stack: StackOptions = StackOptions()      # remat policy, pipeline stages of the encoder's layers
 
     @nn.compact
     def __call__(self, input_values, paddings=None, *, mask_time_indices=None, deterministic: bool = True,
                  gumbel_temperature: float = 2.0) -> Wav2Vec2PreTrainingOutput:
         cfg = self.config
-        out = Wav2Vec2Model(cfg, name="wav2vec2")(input_values, paddings, deterministic=deterministic,
+        out = Wav2Vec2Model(cfg, self.stack, name="wav2vec2")(input_values, paddings, deterministic=deterministic,
                                                   mask_time_indices=mask_time_indices)
         projected = w2v_dense(cfg.proj_codevector_dim, ("embed", None), cfg, name="project_hid",
                            kernel_init=torch_linear_init(cfg.hidden_size),

@@ -17,7 +17,8 @@ Layout and conventions
   ``fc1``, ``encoder_attn_layer_norm`` ...), so the checkpoint mapping in :mod:`models.whisper_hf` is mechanical.
 - ``remat=True`` wraps every layer in ``nn.remat`` (gradient checkpointing); ``scan_layers=True`` runs the layers
   with ``nn.scan`` and stores their parameters stacked on a leading ``layers`` axis. All four combinations compute
-  the same numbers (tested).
+  the same numbers (tested). ``stack`` (:class:`models.layer_stack.StackOptions`) picks a remat policy and
+  pipelines both layer stacks over stages (teacher forcing; cached decoding runs the layers unpipelined).
 - Incremental decoding uses a static-size KV cache (see :func:`init_cache`): a dict of arrays
   ``self_k/self_v [layers, B, heads, max_length, head_dim]`` and ``cross_k/cross_v [layers, B, heads, frames,
   head_dim]`` (heads-major, so attention reads the cache without transposing it); a decode step writes at ``cache_index`` with ``lax.dynamic_update_slice`` so jit compiles one program
@@ -37,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.layer_stack import LayerStack, StackOptions
 from models.logical import partitioned
 
 Array = jax.Array
@@ -382,12 +384,11 @@ class WhisperDecoderLayer(nn.Module):
         return x, written
 
 
-def _layer_stack(layer_cls, n, *, remat: bool, scan: bool, in_axes, **kw):
-    cls = nn.remat(layer_cls, prevent_cse=not scan) if remat else layer_cls
-    if scan:
-        return nn.scan(cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                       in_axes=in_axes, length=n, metadata_params={nn.PARTITION_NAME: "layers"})(name="layers", **kw)
-    return [cls(name=f"layers_{i}", **kw) for i in range(n)]
+def _layer_stack(module, layer_cls, n, in_axes, rows) -> LayerStack:
+    kwargs = (("config", module.config), ("dtype", module.dtype), ("param_dtype", module.param_dtype),
+              ("deterministic", module.deterministic))
+    return LayerStack(layer_cls, n, kwargs, module.stack, remat=module.remat, scan=module.scan_layers,
+                      in_axes=in_axes, rows=rows)
 
 
 class WhisperEncoder(nn.Module):
@@ -397,6 +398,7 @@ class WhisperEncoder(nn.Module):
     remat: bool = False
     scan_layers: bool = False
     deterministic: bool = True
+    stack: StackOptions = StackOptions()
 
     def setup(self):
         c = self.config
@@ -410,8 +412,8 @@ class WhisperEncoder(nn.Module):
             "embed_positions",
             partitioned(lambda key, shape, dtype: jnp.asarray(sinusoids(*shape), dtype), ("length", "embed")),
             (c.max_source_positions, c.d_model), self.param_dtype)
-        self.layers = _layer_stack(WhisperEncoderLayer, c.encoder_layers, remat=self.remat, scan=self.scan_layers,
-                                   in_axes=(nn.broadcast,), config=c, deterministic=self.deterministic, **kw)
+        self.plan = _layer_stack(self, WhisperEncoderLayer, c.encoder_layers, (nn.broadcast,), (False,))
+        self.layers = self.plan.build()
         self.layer_norm = LayerNormF32(c.layer_norm_eps, **kw)
         self.drop = nn.Dropout(c.dropout, deterministic=self.deterministic)
 
@@ -433,11 +435,7 @@ class WhisperEncoder(nn.Module):
         x = x + self.embed_positions.astype(self.dtype)[None]
         x = self.drop(x)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        if self.scan_layers:
-            x, _ = self.layers(x, None)
-        else:
-            for layer in self.layers:
-                x, _ = layer(x, None)
+        x, _ = self.plan(self, self.layers, x, None)
         return self.layer_norm(x)
 
 
@@ -448,6 +446,7 @@ class WhisperDecoder(nn.Module):
     remat: bool = False
     scan_layers: bool = False
     deterministic: bool = True
+    stack: StackOptions = StackOptions()
 
     def setup(self):
         c = self.config
@@ -456,9 +455,9 @@ class WhisperDecoder(nn.Module):
                                        (c.vocab_size, c.d_model), self.param_dtype)
         self.embed_positions = self.param("embed_positions", partitioned(_KERNEL_INIT, ("length", "embed")),
                                           (c.max_target_positions, c.d_model), self.param_dtype)
-        self.layers = _layer_stack(WhisperDecoderLayer, c.decoder_layers, remat=self.remat, scan=self.scan_layers,
-                                   in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), config=c,
-                                   deterministic=self.deterministic, **kw)
+        self.plan = _layer_stack(self, WhisperDecoderLayer, c.decoder_layers,
+                                 (0, nn.broadcast, nn.broadcast, nn.broadcast), (False, True, True, False))
+        self.layers = self.plan.build()
         self.layer_norm = LayerNormF32(c.layer_norm_eps, **kw)
         self.drop = nn.Dropout(c.dropout, deterministic=self.deterministic)
 
@@ -509,15 +508,7 @@ class WhisperDecoder(nn.Module):
         if encoder_hidden is not None:
             encoder_hidden = encoder_hidden.astype(self.dtype)
 
-        if self.scan_layers:
-            x, written = self.layers(x, cache, encoder_hidden, self_bias, start)
-        else:
-            outs = []
-            for i, layer in enumerate(self.layers):
-                layer_cache = None if cache is None else {k: v[i] for k, v in cache.items()}
-                x, w = layer(x, layer_cache, encoder_hidden, self_bias, start)
-                outs.append(w)
-            written = None if cache is None else jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
+        x, written = self.plan(self, self.layers, x, cache, encoder_hidden, self_bias, start)
         new_cache = None
         if cache is not None:
             zero = jnp.zeros((), jnp.int32)
@@ -547,10 +538,11 @@ class WhisperModel(nn.Module):
     remat: bool = False
     scan_layers: bool = False
     deterministic: bool = True
+    stack: StackOptions = StackOptions()
 
     def setup(self):
         kw = dict(config=self.config, dtype=self.dtype, param_dtype=self.param_dtype, remat=self.remat,
-                  scan_layers=self.scan_layers, deterministic=self.deterministic)
+                  scan_layers=self.scan_layers, deterministic=self.deterministic, stack=self.stack)
         self.encoder = WhisperEncoder(**kw)
         self.decoder = WhisperDecoder(**kw)
 
