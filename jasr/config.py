@@ -129,7 +129,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
-    c.mesh.pipeline = 1                 # pipeline stages: not implemented yet (must be 1)
+    c.mesh.pipeline = 1                 # > 1: pipeline the model's layer stacks over this many stages (needs
+    #                                     model scan_layers; layers divisible by it); layers axis over pipeline
+    c.mesh.microbatches = 0             # pipeline microbatches per batch (0: = mesh.pipeline); rows are padded to
+    #                                     a multiple of microbatches x data x fsdp
 
     # decode.py's defaults for this run (its flags override them); paths relative to the repo root
     c.decode = ml_collections.ConfigDict()
@@ -290,8 +293,10 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
                                                                      f"devices left over), got {m[k]!r}")
     _require(sum(m[k] == -1 for k in ("data", "fsdp", "tensor", "pipeline")) <= 1,
              "config 'mesh': only one axis may be -1 (the devices left over)")
-    _require(m.pipeline == 1, f"config 'mesh.pipeline'={m.pipeline}: pipeline parallelism is not implemented yet "
-                              f"(use data, fsdp and tensor)")
+    _require(isinstance(m.get("microbatches", 0), int) and m.get("microbatches", 0) >= 0,
+             f"config 'mesh.microbatches' must be an int >= 0 (0: = mesh.pipeline), got {m.get('microbatches')!r}")
+    _require(m.pipeline != 1 or m.get("microbatches", 0) == 0,
+             f"config 'mesh.microbatches'={m.get('microbatches')} needs mesh.pipeline > 1 (it microbatches a pipeline)")
     if t.init_from and check_paths:
         root = repo_root or os.getcwd()
         full = t.init_from if os.path.isabs(t.init_from) else os.path.join(root, t.init_from)

@@ -9,9 +9,14 @@ mesh axis twice in one array, so with the default rules
 * parameters are sharded over ``fsdp`` along ``embed`` (ZeRO-3 style) and over ``tensor`` along ``mlp``/``heads``/
   ``vocab`` (Megatron-style tensor parallelism); the optimiser state follows its parameter;
 * activations and batches are sharded over ``data`` x ``fsdp`` along ``batch`` (``embed`` of an activation then stays
-  whole, because ``fsdp`` is taken by ``batch``).
+  whole, because ``fsdp`` is taken by ``batch``);
+* the stacked parameters of a layer stack (leading ``layers`` axis, scan_layers / pipelined) and the stage dimension
+  of a pipeline's activations (``stage``) lie on ``pipeline``. With ``mesh.pipeline`` = 1 that axis has one device
+  and changes nothing; with S > 1 stages the model pipelines its layer stacks (models.layer_stack: S stages of
+  layers/S layers each, microbatched), so that each pipeline group of devices holds and runs one stage.
 
-The ``pipeline`` axis holds the stages of a pipelined layer stack; outside a pipelined model it must be 1.
+Besides the axis sizes the mesh section holds ``mesh.microbatches`` (:data:`MESH_OPTIONS`; the pipeline's
+microbatch count, 0 = the number of stages), which :func:`mesh_shape` leaves out.
 """
 from __future__ import annotations
 
@@ -25,11 +30,12 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["MESH_AXES", "DEFAULT_RULES", "mesh_shape", "make_mesh", "logical_specs", "logical_shardings",
-           "state_shardings", "batch_sharding", "replicated", "fit_to_shape", "check_batch_divisible", "batch_devices",
-           "shard_batch", "mesh_context", "per_device_mib"]
+__all__ = ["MESH_AXES", "MESH_OPTIONS", "DEFAULT_RULES", "mesh_shape", "pipeline_stages", "make_mesh",
+           "logical_specs", "logical_shardings", "state_shardings", "batch_sharding", "replicated", "fit_to_shape",
+           "check_batch_divisible", "batch_devices", "shard_batch", "mesh_context", "per_device_mib"]
 
 MESH_AXES = ("pipeline", "data", "fsdp", "tensor")
+MESH_OPTIONS = ("microbatches",)      # keys of a mesh section that are settings, not axes
 BATCH_AXES = ("data", "fsdp")
 
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
@@ -40,7 +46,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("kv", None),
     ("length", None),
-    ("layers", None),
+    ("layers", "pipeline"),
+    ("stage", "pipeline"),
     ("conv", None),
 )
 
@@ -48,7 +55,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
     """The size of every mesh axis: `sizes` maps axis names (of :data:`MESH_AXES`; missing ones are 1) to positive
     ints, at most one of them -1 (the devices left over, at least 1). Without a -1 the product may be less than
-    `num_devices` (the mesh then uses the first devices), never more."""
+    `num_devices` (the mesh then uses the first devices), never more. Keys of :data:`MESH_OPTIONS` are ignored."""
+    sizes = {k: sizes[k] for k in sizes if k not in MESH_OPTIONS}
     unknown = sorted(set(sizes) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"mesh: unknown axis {unknown} (axes are {MESH_AXES})")
@@ -68,6 +76,15 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
     elif fixed > num_devices:
         raise ValueError(f"mesh: axis sizes {shape} multiply to {fixed}, but there are only {num_devices} devices")
     return shape
+
+
+def pipeline_stages(sizes: Mapping[str, int], num_devices: int | None = None) -> int:
+    """The pipeline stages of a mesh section: ``pipeline`` itself, or when it is -1 the devices left over (of
+    `num_devices`, default all devices)."""
+    n = int(sizes.get("pipeline", 1))
+    if n != -1:
+        return n
+    return mesh_shape(sizes, jax.device_count() if num_devices is None else num_devices)["pipeline"]
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:

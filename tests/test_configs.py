@@ -65,7 +65,7 @@ def test_bad_overrides(key, value, match):
     ("data.noise_snr_db", (10.0,), r"'data.noise_snr_db' must be \(\) or \(low, high\)"),
     ("data.max_time_ratio", 1.5, r"'data.max_time_ratio' must be in \[0, 1\]"),
     ("data.max_time_warp", -1, r"'data.max_time_warp' must be >= 0"),
-    ("mesh.pipeline", 2, r"pipeline parallelism is not implemented yet"),
+    ("mesh.pipeline", 2, r"pipelining needs scanned layers"),
     ("mesh.data", 0, r"'mesh.data' must be >= 1 or -1"),
 ])
 def test_bad_values(key, value, match):

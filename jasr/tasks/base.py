@@ -25,6 +25,8 @@ import ml_collections
 from jasr import augment
 from jasr.errors import ConfigError
 from jasr.features import FeatureConfig, compute_features_jax
+from jasr.sharding import pipeline_stages
+from models.layer_stack import REMAT_POLICIES, StackOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +59,10 @@ class Frontend:
 
 
 def model_fields(cfg: ml_collections.ConfigDict) -> dict:
-    """The config's model section minus ``name``, as a plain dict."""
+    """The config's model section minus ``name`` and ``remat_policy`` (see :func:`stack_options`), as a plain
+    dict."""
     return {k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
-            for k, v in cfg.model.items() if k != "name"}
+            for k, v in cfg.model.items() if k not in ("name", "remat_policy")}
 
 
 def model_fields_with_precision(cfg: ml_collections.ConfigDict) -> dict:
@@ -69,6 +72,37 @@ def model_fields_with_precision(cfg: ml_collections.ConfigDict) -> dict:
     if cfg.train.precision == "bfloat16":
         fields["dtype"] = "bfloat16"
     return fields
+
+
+def stack_options(cfg: ml_collections.ConfigDict) -> StackOptions:
+    """How the model's layer stacks run: ``model.remat_policy`` (one of models.layer_stack.REMAT_POLICIES; "none"
+    leaves the model's ``remat`` bool in charge, which means "full") and the pipeline of the mesh section
+    (``mesh.pipeline`` stages, ``mesh.microbatches``)."""
+    policy = cfg.model.get("remat_policy", "none")
+    require(policy in REMAT_POLICIES, f"config 'model.remat_policy' must be one of {REMAT_POLICIES}, got {policy!r}")
+    mesh = cfg.get("mesh") or {}
+    try:
+        stages = pipeline_stages(dict(mesh))
+    except ValueError as e:
+        raise ConfigError(f"config 'mesh': {e}") from e
+    return StackOptions(policy, stages, int(mesh.get("microbatches", 0)) if stages > 1 else 0)
+
+
+def check_stacks(options: StackOptions, stacks) -> None:
+    """ConfigError unless every layer stack of `stacks` (``(config key of its layer count, layers, scanned)``)
+    can pipeline over ``options.stages``."""
+    if options.stages == 1:
+        return
+    for key, layers, scan in stacks:
+        require(scan, f"config 'mesh.pipeline'={options.stages}: pipelining needs scanned layers (set "
+                      f"'{key.rsplit('.', 1)[0]}.scan_layers'=True: parameters stacked on a 'layers' axis)")
+        require(layers % options.stages == 0, f"config '{key}'={layers}: the layers do not split evenly over "
+                                              f"mesh.pipeline={options.stages} stages")
+
+
+def model_defaults(cls: type, fields: dict) -> dict:
+    """The fields of dataclass `cls` with `fields` over its defaults."""
+    return {**{f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}, **fields}
 
 
 def read_hf_config(hf_dir: str | None) -> dict | None:
@@ -150,7 +184,9 @@ class Task:
         """Family-specific checks; raises ConfigError naming the key. The base checks loss.type and the model keys."""
         require(cfg.loss.type in cls.loss_types, f"config 'loss.type'={cfg.loss.type!r} does not fit model "
                                                  f"{cls.name!r} (use one of {cls.loss_types})")
-        fields = {f.name for f in dataclasses.fields(cls.model_config_class())} | cls.extra_model_keys()
+        fields = ({f.name for f in dataclasses.fields(cls.model_config_class())} | cls.extra_model_keys()
+                  | {"remat_policy"})
+        stack_options(cfg)      # model.remat_policy, mesh.pipeline / microbatches
         for k in model_fields(cfg):
             if k not in fields:
                 close = difflib.get_close_matches(k, sorted(fields), n=3)

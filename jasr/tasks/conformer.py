@@ -11,9 +11,27 @@ import ml_collections
 from jasr import losses
 from jasr.decoding import ctc_greedy_decode
 from jasr.features import feature_dim, num_frames
-from jasr.tasks.base import Frontend, SearchOptions, Task, model_fields_with_precision, require
+from jasr.errors import ConfigError
+from jasr.tasks.base import (Frontend, SearchOptions, Task, check_stacks, model_defaults, model_fields,
+                             model_fields_with_precision, require, stack_options)
 from models.aed import AEDConfig, AEDModel, beam_search, greedy_search, shift_labels
 from models.conformer import ConformerConfig, ConformerCTC
+from models.transformer import TransformerConfig
+
+
+def _check_pipeline(options, enc: dict, dec: dict | None, enc_key: str, dec_key: str) -> None:
+    """ConfigError unless the encoder (and Transformer decoder) stacks can pipeline over options.stages."""
+    if options.stages == 1:
+        return
+    require(enc.get("conv_norm", "layer") != "batch", f"config '{enc_key}.conv_norm'='batch': a pipelined stack "
+                                                      f"cannot carry batch-norm statistics (use 'layer')")
+    stacks = [(f"{enc_key}.num_layers", enc["num_layers"], enc["scan_layers"])]
+    if dec is not None:
+        require(dec.get("type", "transformer") == "transformer", f"config '{dec_key}.type'={dec.get('type')!r}: "
+                                                                 f"the LSTM decoder cannot pipeline (use a "
+                                                                 f"transformer decoder, or mesh.pipeline=1)")
+        stacks.append((f"{dec_key}.num_layers", dec["num_layers"], dec["scan_layers"]))
+    check_stacks(options, stacks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +74,11 @@ class ConformerCTCTask(_FeatureTask):
         return ConformerConfig
 
     @classmethod
+    def check_config(cls, cfg):
+        super().check_config(cfg)
+        _check_pipeline(stack_options(cfg), model_defaults(ConformerConfig, model_fields(cfg)), None, "model", "")
+
+    @classmethod
     def subsampling(cls, cfg):
         return int(cfg.model.get("subsampling", 4))
 
@@ -63,7 +86,9 @@ class ConformerCTCTask(_FeatureTask):
     def build(cls, cfg, vocab_size, fc, *, tokenizer=None, hf_dir=None):
         mcfg = ConformerConfig(**{**model_fields_with_precision(cfg), "vocab_size": vocab_size,
                                   "input_dim": feature_dim(fc)})
-        return cls(model=ConformerCTC(mcfg), frontend=Frontend.from_config(cfg, fc))
+        stack = stack_options(cfg)
+        _check_pipeline(stack, dataclasses.asdict(mcfg), None, "model", "")
+        return cls(model=ConformerCTC(mcfg, stack), frontend=Frontend.from_config(cfg, fc))
 
     def encoder_config(self):
         return self.model.config
@@ -126,6 +151,12 @@ class ConformerAEDTask(_FeatureTask):
         require(cfg.loss.type != "joint" or cfg.loss.ctc_weight > 0,
                 "config 'loss.ctc_weight' must be > 0 with loss.type='joint' (it sizes the CTC head that dev "
                 "decoding reads); use loss.type='attention' for no CTC head")
+        fields = model_fields(cfg)
+        dec = dict(fields.get("decoder", {}))
+        if dec.get("type", "transformer") == "transformer":
+            dec = {"type": "transformer", **model_defaults(TransformerConfig, dec)}
+        _check_pipeline(stack_options(cfg), model_defaults(ConformerConfig, dict(fields.get("encoder", {}))), dec,
+                        "model.encoder", "model.decoder")
 
     @classmethod
     def subsampling(cls, cfg):
@@ -139,9 +170,15 @@ class ConformerAEDTask(_FeatureTask):
         if "dtype" in fields:
             enc["dtype"] = fields.pop("dtype")
         joint = cfg.loss.type == "joint"
-        mcfg = AEDConfig.from_dict({**fields, "encoder": enc, "vocab_size": vocab_size + 1,   # + sos/eos id
-                                    "ctc_weight": cfg.loss.ctc_weight if joint else 0.0})
-        return cls(model=AEDModel(mcfg), frontend=Frontend.from_config(cfg, fc), joint=joint,
+        try:
+            mcfg = AEDConfig.from_dict({**fields, "encoder": enc, "vocab_size": vocab_size + 1,   # + sos/eos id
+                                        "ctc_weight": cfg.loss.ctc_weight if joint else 0.0})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config 'model' for 'conformer_aed': {e}") from e
+        stack = stack_options(cfg)
+        dec = mcfg.to_dict()["decoder"]
+        _check_pipeline(stack, dataclasses.asdict(mcfg.encoder), dec, "model.encoder", "model.decoder")
+        return cls(model=AEDModel(mcfg, stack), frontend=Frontend.from_config(cfg, fc), joint=joint,
                    ctc_weight=float(cfg.loss.ctc_weight), label_smoothing=float(cfg.loss.label_smoothing),
                    max_decode_tokens=int(cfg.train.max_decode_tokens))
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from jasr import losses
 from jasr.decoding import ctc_greedy_decode
 from jasr.errors import ConfigError
-from jasr.tasks.base import Task, model_fields_with_precision, read_hf_config, require
+from jasr.tasks.base import (Task, check_stacks, model_defaults, model_fields, model_fields_with_precision,
+                             read_hf_config, require, stack_options)
 from models.hf_io import load_state_dict
 from models.wav2vec2 import Wav2Vec2Config, Wav2Vec2ForCTC, feat_extract_output_lengths
 from models.wav2vec2_hf import params_from_hf_state_dict
@@ -50,6 +51,9 @@ class _Wav2Vec2Task(Task):
         require(not d.spec_augment, f"config 'data.spec_augment' must be False for {cls.name!r} (the model masks "
                                     f"its own frames: model.mask_time_prob / mask_feature_prob)")
         super().check_config(cfg)
+        if not cfg.train.init_from:     # else the layer count comes from the checkpoint's config (checked in build)
+            m = model_defaults(Wav2Vec2Config, model_fields(cfg))
+            check_stacks(stack_options(cfg), [("model.num_hidden_layers", m["num_hidden_layers"], m["scan_layers"])])
 
     @classmethod
     def subsampling(cls, cfg):
@@ -68,7 +72,9 @@ class _Wav2Vec2Task(Task):
         except (TypeError, ValueError, NotImplementedError) as e:
             raise ConfigError(f"config 'model' for {cls.name!r}: {e}") from e
         frozen = ("wav2vec2/feature_extractor",) if cfg.train.freeze_feature_encoder else ()
-        return cls.from_model(cls.model_class()(mcfg), frozen, cfg)
+        stack = stack_options(cfg)
+        check_stacks(stack, [("model.num_hidden_layers", mcfg.num_hidden_layers, mcfg.scan_layers)])
+        return cls.from_model(cls.model_class()(mcfg, stack), frozen, cfg)
 
     @classmethod
     def head_fields(cls, fields: dict, vocab_size: int) -> dict:

@@ -19,7 +19,8 @@ import numpy as np
 from jasr import losses
 from jasr.errors import ConfigError
 from jasr.features import FeatureConfig
-from jasr.tasks.base import SearchOptions, Task, model_fields, read_hf_config, require
+from jasr.tasks.base import (SearchOptions, Task, check_stacks, model_defaults, model_fields, read_hf_config,
+                             require, stack_options)
 from jasr.tokenizers import WhisperTokenizer, normalize_whitespace
 from models.hf_io import load_state_dict
 from models.whisper import WhisperConfig, WhisperModel
@@ -65,6 +66,14 @@ class WhisperTask(Task):
         require(not d.spec_augment, "config 'data.spec_augment' is not supported for model 'whisper'")
         require(not d.device_features, "config 'data.device_features' is not supported for model 'whisper' (its "
                                        "log-mel windows are computed by the loader)")
+        stack, fields = stack_options(cfg), model_fields(cfg)
+        scan = bool(fields.get("scan_layers", False))
+        if not cfg.train.init_from:     # else the layer counts come from the checkpoint's config (checked in build)
+            m = model_defaults(WhisperConfig, fields)
+            check_stacks(stack, [("model.encoder_layers", m["encoder_layers"], scan),
+                                 ("model.decoder_layers", m["decoder_layers"], scan)])
+        else:
+            check_stacks(stack, [("model.scan_layers", stack.stages, scan)])
 
     @classmethod
     def feature_config(cls, cfg):
@@ -103,7 +112,10 @@ class WhisperTask(Task):
         if hf_dir and os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
             with open(os.path.join(hf_dir, "generation_config.json")) as f:
                 gen = json.load(f)
-        model = WhisperModel(mcfg, dtype=jnp.dtype(dtype), remat=remat, scan_layers=scan)
+        stack = stack_options(cfg)
+        check_stacks(stack, [("model.encoder_layers", mcfg.encoder_layers, scan),
+                             ("model.decoder_layers", mcfg.decoder_layers, scan)])
+        model = WhisperModel(mcfg, dtype=jnp.dtype(dtype), remat=remat, scan_layers=scan, stack=stack)
         return cls(model=model, frozen=("encoder/embed_positions",),   # sinusoids, frozen as in transformers
                    label_smoothing=float(cfg.loss.label_smoothing),
                    prompt=tuple(int(x) for x in tokenizer.sot_sequence_including_notimestamps),
