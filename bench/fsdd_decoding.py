@@ -18,6 +18,8 @@ train.ema_decay > 0 decodes with its EMA params (what decode.py loads) and gets 
 checkpoint's raw params. --append adds tables to an existing results file (e.g. a run that finished later).
 """
 import argparse
+import collections
+import dataclasses
 import datetime
 import json
 import os
@@ -27,6 +29,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from jasr.averaging import average_params  # noqa: E402
 from jasr.config import load_config_file, load_saved_config  # noqa: E402
 from jasr.ngram import write_arpa  # noqa: E402
 from jasr.ngram_estimate import estimate_kneser_ney  # noqa: E402
@@ -41,7 +44,7 @@ def methods(lm_path: str) -> list[tuple[str, dict]]:
     """(label, decode.py flags) per row; flags override the run's decode section."""
     lex, gram = "configs/fsdd_lexicon.txt", "configs/fsdd_grammar.arpa"
     rows = [
-        ("greedy (character best path)", {"method": "greedy"}),
+        ("greedy (best path)", {"method": "greedy"}),
         ("beam 8, no LM", {"method": "beam", "beam": 8, "lexicon": "", "grammar": ""}),
         ("beam 8 + word 2-gram LM (KN, train transcripts)", {"method": "beam", "beam": 8, "lm": lm_path,
                                                               "lm_weight": 1.0, "lexicon": "", "grammar": ""}),
@@ -64,35 +67,65 @@ def command(workdir: str, flags: dict, checkpoint: str = "best") -> str:
     return " ".join(parts)
 
 
+def averaged_run(workdir: str, n: int):
+    """The run with the mean of the params of its last `n` kept checkpoints (icefall's --avg; EMA params for an EMA
+    run), and the steps averaged."""
+    steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())[-n:]
+    runs = [load_run(workdir, checkpoint=str(s), root=ROOT) for s in steps]
+    avg = average_params([r.state.params for r in runs])
+    return dataclasses.replace(runs[-1], state=runs[-1].state.replace(params=avg)), steps
+
+
+def confusions(results: list[dict]) -> str:
+    """Per reference word with errors: 'REF wrong/total (HYP count, ...)', most errors first."""
+    refs = collections.Counter(r["ref"] for r in results)
+    wrong = collections.Counter((r["ref"], r.get("hyp", "") or "(none)") for r in results if r.get("hyp") != r["ref"])
+    per_ref = collections.Counter()
+    for (ref, _), n in wrong.items():
+        per_ref[ref] += n
+    heads = [f"{ref} {per_ref[ref]}/{refs[ref]} (" + ", ".join(f"{h} {n}" for (r2, h), n in wrong.most_common()
+                                                             if r2 == ref) + ")"
+             for ref, _ in per_ref.most_common()]
+    return "; ".join(heads) or "none"
+
+
 def measure(workdir: str, checkpoint: str) -> list[str]:
-    """The markdown section (heading, notes, table) of one run."""
-    run = load_run(workdir, checkpoint=checkpoint, root=ROOT)
+    """The markdown section (heading, notes, table) of one run; checkpoint "avgN": mean of the last N kept."""
+    if checkpoint.startswith("avg"):
+        run, steps = averaged_run(workdir, int(checkpoint[3:]))
+    else:
+        run, steps = load_run(workdir, checkpoint=checkpoint, root=ROOT), None
     cfg = run.config
     train_text = [u.text for u in split_utterances(cfg, "train", ROOT)]
     lm_path = os.path.join(workdir, "train_words_2gram.arpa")
     write_arpa(estimate_kneser_ney(train_text, 2, discount_fallback=(0.5, 1.0, 1.5)), lm_path)   # lmplz's fallback
     bad: list = []
     utts = split_utterances(cfg, "dev", ROOT, bad=bad)
-    rows = []
+    rows, errors = [], "-"
     for label, flags in methods(lm_path):
         settings = settings_from_config(cfg, flags, root=ROOT)     # "" clears a path of the config's section
-        m, _ = transcribe(run, utts, settings, bad=bad, progress=False)
-        rows.append((label, m, command(workdir, flags, checkpoint)))
+        m, res = transcribe(run, utts, settings, bad=bad, progress=False)
+        rows.append((label, m, command(workdir, flags, checkpoint) if steps is None else
+                     f"bench/fsdd_decoding.py --checkpoint {checkpoint} (decode.py has no averaging)"))
+        if flags["method"] == "lexicon" and flags.get("grammar"):
+            errors = confusions(res)
         print(f"{workdir} {label}: WER {100 * m['wer']:.2f}% CER {100 * m['cer']:.2f}% over {m['scored']} "
               f"utterances ({m['seconds']:.1f} s)", flush=True)
-    if cfg.train.ema_decay > 0:    # the same checkpoint's raw (not averaged) params, for the EMA's effect
+    if cfg.train.ema_decay > 0 and steps is None:    # the same checkpoint's raw params, for the EMA's effect
         raw = load_run(workdir, checkpoint=str(run.step), root=ROOT, use_ema=False)
         for label, flags in (methods(lm_path)[0], methods(lm_path)[4]):
             m, _ = transcribe(raw, utts, settings_from_config(cfg, flags, root=ROOT), bad=bad, progress=False)
             rows.append((f"{label}; raw params (no EMA)", m, "jasr.training.load_run(..., use_ema=False)"))
             print(f"{workdir} raw params {label}: WER {100 * m['wer']:.2f}%", flush=True)
     lines = [
-        f"### `{workdir}`: checkpoint step {run.step} ({checkpoint}"
-        f"{' dev WER' if checkpoint == 'best' else ''}; {cfg.train.num_steps} training steps"
+        (f"### `{workdir}`: checkpoint step {run.step} ({checkpoint}{' dev WER' if checkpoint == 'best' else ''}"
+         if steps is None else f"### `{workdir}`: mean of the params of checkpoints {', '.join(map(str, steps))} "
+                               f"({checkpoint}") + f"; {cfg.train.num_steps} training steps"
         f"{'; EMA params, decay ' + str(cfg.train.ema_decay) if cfg.train.ema_decay > 0 else ''})",
         "",
         f"Dev split = held-out speaker `{', '.join(cfg.data.speakers_dev)}`, {rows[0][1]['scored']} utterances "
-        f"({rows[0][1]['failed']} unreadable).",
+        f"({rows[0][1]['failed']} unreadable); tokenizer: {type(run.tokenizer).__name__}, vocabulary "
+        f"{run.tokenizer.vocab_size}.",
         "",
         "| method | WER % | CER % | utterances | decode s | command |",
         "|---|---:|---:|---:|---:|---|",
@@ -100,6 +133,7 @@ def measure(workdir: str, checkpoint: str) -> list[str]:
     for label, m, cmd in rows:
         lines.append(f"| {label} | {100 * m['wer']:.2f} | {100 * m['cer']:.2f} | {m['scored']} | "
                      f"{m['seconds']:.1f} | `{cmd}` |")
+    lines += ["", f"Errors with lexicon + grammar (reference word: wrong/total (hypotheses)): {errors}."]
     return lines + [""]
 
 
@@ -180,7 +214,8 @@ def tried_rows(workdirs: list[str]) -> list[str]:
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", nargs="+", default=["runs/fsdd"], help="one or more runs of configs/fsdd.py")
-    p.add_argument("--checkpoint", nargs="+", default=["best"], help="best, latest or a step (each: a table)")
+    p.add_argument("--checkpoint", nargs="+", default=["best"],
+                   help="best, latest, a step or avgN (the mean of the last N kept checkpoints); each: a table")
     p.add_argument("--tried", nargs="*", default=[], help="runs of configs/fsdd.py for the recipes-tried table")
     p.add_argument("--output", default=OUT)
     p.add_argument("--append", action="store_true", help="add the tables to --output instead of rewriting it")

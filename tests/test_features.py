@@ -8,12 +8,14 @@ import kaldi_native_fbank as knf
 import librosa
 import numpy as np
 import pytest
+import scipy.signal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jasr.audio import load_audio
 from jasr.data import compute_cmvn_stats
-from jasr.cmvn import CmvnStats, accumulate_cmvn, apply_cmvn, utterance_cmvn
+from jasr.cmvn import (CmvnStats, accumulate_cmvn, apply_cmvn, equalize_spectrum, long_term_log_spectrum,
+                       utterance_cmvn)
 from jasr.features import (FeatureConfig, compute_features, compute_features_jax, fbank, fbank_jax, feature_dim,
                            librosa_mfcc, log_mel_spectrogram, mfcc, num_frames, slaney_mel_filters, whisper_log_mel,
                            whisper_log_mel_jax)
@@ -263,3 +265,36 @@ def test_bad_inputs():
     d1 = fbank(np.zeros(800, np.float32), dither=1.0, rng=np.random.default_rng(0))
     d2 = fbank(np.zeros(800, np.float32), dither=1.0, rng=np.random.default_rng(0))
     np.testing.assert_array_equal(d1, d2)
+
+
+def test_long_term_log_spectrum_of_white_noise_by_hand():
+    """Periodogram bins of Gaussian noise are exponential: E[log P] = log(sigma^2 sum w^2) - Euler's gamma."""
+    rng = np.random.default_rng(0)
+    x = 0.1 * rng.standard_normal(8000 * 20)
+    ls = long_term_log_spectrum([x[:80000], x[80000:]], 8000)        # 25 ms frames: 200 samples, n_fft 256
+    w = np.hanning(202)[1:-1]
+    want = np.log(0.01 * np.sum(w * w)) - np.euler_gamma
+    assert ls.shape == (129,)
+    assert abs(ls[2:-2].mean() - want) < 0.02                        # DC and Nyquist bins are chi^2 with 1 dof
+    np.testing.assert_allclose(ls[2:-2], want, atol=0.15)            # per bin: ~6400 effectively independent frames
+    with pytest.raises(ValueError, match="1-D"):
+        long_term_log_spectrum([np.zeros((2, 300))], 8000)
+
+
+def test_equalize_spectrum_flattens_a_coloured_channel():
+    """Noise through a strong tilt (scipy lfilter), equalised with its own long-term spectrum to a flat target:
+    Welch's PSD (scipy, independent framing) is flat within 1 dB, against a 16 dB tilt before."""
+    rng = np.random.default_rng(1)
+    coloured = scipy.signal.lfilter([1.0, 0.95], [1.0], rng.standard_normal(8000 * 8))
+    chunks = np.split(coloured, 16)                                   # a "speaker": 16 recordings of 0.5 s
+    ls = long_term_log_spectrum(chunks, 8000)
+    out = np.concatenate([equalize_spectrum(c, ls, target=0.0) for c in chunks])
+    assert out.dtype == np.float32 and out.shape == coloured.shape
+    f, before = scipy.signal.welch(coloured, 8000, nperseg=256)
+    _, after = scipy.signal.welch(out.astype(np.float64), 8000, nperseg=256)
+    band = (f > 200) & (f < 3600)
+    db = lambda p: 10 * np.log10(p[band])                              # noqa: E731
+    assert np.ptp(db(before)) > 12 and np.ptp(db(after)) < 1.0
+    np.testing.assert_allclose(equalize_spectrum(chunks[0], ls, target=ls), chunks[0], atol=1e-5)   # identity
+    with pytest.raises(ValueError, match="log_spectrum"):
+        equalize_spectrum(chunks[0], np.array([0.0, np.nan, 1.0]))
