@@ -13,9 +13,10 @@ How it is computed (probability semiring; log-domain results):
     the loop is one Pallas kernel (`fsa_ops.pallas_ctc`; ``implementation``).
   * ``method='log'`` (the default; `fsa_ops.ctc_log`) is the exact log-semiring recursion: the
     three-way log-add per state with one max (two exps and a log), over emissions
-    ``lp[b, t, s] = log p(ext[b, s] | frame t)`` gathered once from the logits (a row-wise gather of
-    S columns per frame, never a one-hot product); every frame is shifted back to max 0, so float32
-    keeps its absolute precision for T in the thousands.
+    ``lp[t, r, s] = log p(ext[b, s] | frame)`` gathered once from the logits straight into the
+    loop's time-major row order (one gather of S columns per frame and row, never a one-hot
+    product); every frame is shifted back to max 0, so float32 keeps its absolute precision for T
+    in the thousands.
   * ``method='scaled'`` (`fsa_ops.ctc_scaled`) runs on probabilities (multiply-add in the loop, no
     exp/log per state); its range between states within a frame is ~80 nats, and that is NOT only a
     matter of extreme logits: with long label sequences, peaky (x3, x10) or uninformative logits the
@@ -28,12 +29,12 @@ How it is computed (probability semiring; log-domain results):
     (``lax.cond``). The check is a heuristic, not a proof, and a batch that fails it pays for both
     recursions, so 'auto' is not the default (`default_method`).
   * The gradient (``jax.custom_vjp``) needs no further recursion: the loop stores alpha (including
-    frame t) and beta before frame t's emission, so the occupancies are
-    ``gamma[t, s] = alpha[t, s] * beta_excl[t, s] / Z``; the tables' log-scales are put back per
-    frame and gamma is renormalised over s within each frame (where it sums to 1), so that the
-    rounding of long running sums cancels. Blank occupancies are summed into the blank column,
-    label occupancies scatter-added onto the label ids. Memory is O(B*T*(2N+1)) besides the
-    [B, T, K] gradient.
+    frame t) and beta (excluding it), so the occupancies are
+    ``gamma[t, s] = alpha[t, s] * beta[t, s] / Z``; 'log' takes out the max of alpha + beta over the
+    states of each frame (which removes both tables' running scales and Z at once) and renormalises
+    gamma over s within each frame (where it sums to 1), so that no rounding of long running sums
+    enters. Blank occupancies are summed into the blank column, label occupancies scatter-added
+    onto the label ids. Memory is O(B*T*(2N+1)) besides the [B, T, K] gradient.
 
 Conventions: ``logit_paddings`` / ``label_paddings`` are optax-style (1.0 = padded, 0.0 = valid).
 Padded frames may sit anywhere (they are skipped, as in optax); labels must be right-padded.
@@ -55,7 +56,7 @@ import numpy as np
 from fsa_ops.ctc_lattice import CtcLattice, log_normaliser, row_sum
 from fsa_ops.ctc_log import log_occupancy, run_log
 from fsa_ops.ctc_scaled import run_scaled, scaled_occupancy, scaled_parts
-from fsa_ops.pallas_ctc import IMPLEMENTATIONS
+from fsa_ops.pallas_ctc import IMPLEMENTATIONS, use_pallas
 from fsa_ops.scores import is_traced
 
 __all__ = [
@@ -199,7 +200,9 @@ def ctc_forward_backward(logits, logit_paddings, labels, label_paddings, blank_i
 
 def _run_log(lat: CtcLattice, logits, store: bool, implementation: str):
     """The log recursion (`fsa_ops.ctc_log`) on `lat` (with its log_norm): (tables or None, log_z [2B])."""
-    return run_log(lat, lat.emissions(logits), store=store, implementation=implementation)
+    if use_pallas(implementation):
+        return run_log(lat, lat.emissions(logits), store=store, implementation=implementation)
+    return run_log(lat, rows=lat.loop_emissions(logits), store=store, implementation=implementation)
 
 
 def ctc_occupancy(lat: CtcLattice, logits, tables, log_z, used_log, method: str = "log", implementation: str = "xla"):
@@ -209,12 +212,13 @@ def ctc_occupancy(lat: CtcLattice, logits, tables, log_z, used_log, method: str 
     `ctc_forward_backward` with the same `method` (and `logits`, read only when 'auto' fell back;
     `implementation` runs that recomputation).
 
-    gamma[t] = alpha[t] * beta_excl[t] / Z, with the tables' scales put back from their running sums
-    and the result renormalised over s within each frame (where it sums to 1), so that the
-    rounding of the long running sums cancels: float32 precision for any T.
+    gamma[t] = alpha[t] * beta_excl[t] / Z, renormalised over s within each frame (where it sums to
+    1): 'log' takes out the max of alpha + beta over the frame's states (a sequence with log_z =
+    -inf has no state with both finite), 'scaled' puts the tables' scales back from their running
+    sums; either way the rounding of long running sums cancels: float32 precision for any T.
     """
     occupancy = _by_method(lat, logits, implementation, tables, used_log, method,
-                           lambda log_tables: log_occupancy(lat, log_tables, log_z),
+                           lambda log_tables: jnp.swapaxes(log_occupancy(lat, log_tables), 0, 1),
                            lambda scaled_tables: scaled_occupancy(lat, scaled_tables, log_z))
     return jnp.where(_nan_frames(lat)[:, :, None], jnp.nan, occupancy)
 
@@ -228,17 +232,19 @@ def _nan_frames(lat: CtcLattice):
 def _occupancy_parts(lat: CtcLattice, logits, implementation: str, tables, log_z, used_log, method: str):
     """(label [B, T, N], blank [B, T]): the renormalised occupancies of the label states and their
     sum over the blank states, what the gradient needs (0 where the frame is padded or log_z is
-    infinite). 'log' renormalises gamma in one fused pass; the scaled tables take the total and the
-    blank sum from one matrix product and scale only the label states."""
+    infinite). 'log' renormalises its time-major gamma and transposes the label part; the scaled
+    tables take the total and the blank sum from one matrix product and scale only the label
+    states."""
     return _by_method(lat, logits, implementation, tables, used_log, method,
-                      lambda log_tables: _parts_of_normalised(log_occupancy(lat, log_tables, log_z)),
+                      lambda log_tables: _parts_of_time_major(log_occupancy(lat, log_tables)),
                       lambda scaled_tables: scaled_parts(lat, scaled_tables, log_z))
 
 
-def _parts_of_normalised(occupancy):
-    """(label [B, T, N], blank [B, T]) of occupancies already renormalised over the states."""
+def _parts_of_time_major(occupancy):
+    """(label [B, T, N], blank [B, T]) of time-major occupancies [T, B, S] already renormalised over
+    the states."""
     blank_weights = (jnp.arange(occupancy.shape[-1]) % 2 == 0).astype(jnp.float32)
-    return occupancy[:, :, 1::2], row_sum(occupancy, blank_weights)
+    return jnp.swapaxes(occupancy[:, :, 1::2], 0, 1), row_sum(occupancy, blank_weights).T
 
 
 def _by_method(lat: CtcLattice, logits, implementation: str, tables, used_log, method: str, from_log,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from fsa_ops.scores import shift_states
 
 __all__ = ["CtcLattice", "log_normaliser", "nonfinite_frames", "row_sum", "usable_inverse",
-           "normalise_over_states"]
+           "normalise_over_states", "time_major_gather"]
 
 
 def log_normaliser(logits, log_probs: bool):
@@ -50,6 +50,23 @@ def row_sum(x, weights=None):
     if weights is None:
         weights = jnp.ones((x.shape[-1],), jnp.float32)
     return jnp.dot(x, weights, precision=jax.lax.Precision.HIGHEST)
+
+
+def time_major_gather(table, ids, spare: bool = False):
+    """table [B, T, C], ids [B, S] in [0, C) -> rows [T, 2B, S] in loop order: row b =
+    table[b, t, ids[b]], row B+b = table[b, T-1-t, ids[b, ::-1]] (one gather, no transposes).
+    spare=True: [T, 2B, S+1], column S a copy of column S-1 (room for the loop's own column)."""
+    batch, frames, columns = table.shape
+    states = ids.shape[1]
+    step = jnp.arange(frames)[:, None, None]
+    row = jnp.arange(2 * batch)[None, :, None]
+    pos = jnp.minimum(jnp.arange(states + spare), states - 1)[None, None, :]
+    forward = row < batch
+    b = jnp.where(forward, row, row - batch)
+    t = jnp.where(forward, step, frames - 1 - step)
+    flat = (b * frames + t) * columns + ids[b, jnp.where(forward, pos, states - 1 - pos)]
+    return jnp.asarray(table).reshape(-1).at[flat.reshape(-1)].get(mode="promise_in_bounds").reshape(
+        frames, 2 * batch, states + spare)
 
 
 def _extended_labels(labels, label_lengths, blank_id):
@@ -151,6 +168,20 @@ class CtcLattice:
                                        mode="promise_in_bounds").reshape(batch, frames, states)
         lp = gathered.astype(jnp.float32) - self.log_norm[:, :, None]
         return jnp.where(self.state_valid[:, None, :], lp, -jnp.inf)
+
+    def loop_emissions(self, logits):
+        """The emissions of `emissions` in loop order: rows [T, R, S] (row b: frame t of sequence b;
+        row B+b: frame T-1-t, states reversed), gathered straight from the logits (`time_major_gather`)."""
+        batch, frames, classes, _ = self.shape
+        rows = time_major_gather(logits, jnp.clip(self.ext, 0, classes - 1)).astype(jnp.float32)
+        norm = jnp.concatenate([self.log_norm.T, self.log_norm[:, ::-1].T], axis=1)          # [T, R]
+        enter = jnp.concatenate([self.state_valid, self.state_valid[:, ::-1]], axis=0)       # [R, S]
+        return jnp.where(enter[None], rows - norm[:, :, None], -jnp.inf)
+
+    @property
+    def loop_valid(self):
+        """[T, R] bool: whether row r's frame at loop step t is valid (loop order, as `loop_emissions`)."""
+        return jnp.concatenate([self.frame_valid.T, self.frame_valid[:, ::-1].T], axis=1)
 
 
 def usable_inverse(lat: CtcLattice, total, log_z):

@@ -1,23 +1,22 @@
 """The log-semiring CTC recursion of `fsa_ops.ctc` (``method='log'``, the default): exact for any logits.
 
 Runs on the rows of a `fsa_ops.ctc_lattice.CtcLattice` (R = 2B: forward rows, then backward rows
-state-reversed), one frame per loop iteration: `log_ctc_step` (a three-way log-add per state with
-one max: two exps and a log; ``-inf`` = impossible) and then `log_renormalise`, which shifts every
-row back to max 0 and keeps the removed log-scales apart, so that float32 keeps its absolute
-precision for T in the thousands.  The emission table ``lp [B, T, S]`` (`CtcLattice.emissions`) is
-gathered before the loop.
+state-reversed), one frame per loop iteration over the emissions in loop order (rows [T, R, S],
+`CtcLattice.loop_emissions`, gathered once before the loop): a three-way log-add per state with
+one max (two exps and a log; ``-inf`` = impossible), plus the frame's emission; after each frame
+every row is shifted back to max 0 and the removed log-scale is booked apart, so that float32 keeps
+its absolute precision for T in the thousands.
 
 `run_log` returns (tables, log_z [R]); log_z is the total log-likelihood per row (rows b and B+b
-compute it independently).  The tables are (alpha [B, T, S], beta [B, T, S], scale_f [B, T],
-scale_b [B, T]) in natural frame and state order:
+compute it independently).  The tables are (alpha, beta) [T, B, S] (time-major, natural frame and
+state order):
 
   alpha: forward score of frames 0..t ending in s (including frame t's emission);
-  beta:  backward score of frames t+1..T-1 from state s after frame t (frame t's emission
-         excluded),
+  beta:  backward score of frames t..T-1 from state s at frame t (frame t's emission excluded),
 
-so that occupancies need no division by the emission (`log_occupancy`): the true log values are
-``alpha[b, t] + sum_{t' <= t} scale_f[b, t']`` and ``beta[b, t] + sum_{t' >= t} scale_b[b, t']``,
-and ``gamma[t, s] = alpha[t, s] * beta[t, s] / Z``.
+each relative to its own running shifts.  `log_occupancy` turns them into occupancies
+``gamma[t, s] = alpha[t, s] * beta[t, s] / Z`` by taking out the max over s of alpha + beta within
+each frame and renormalising (the shifts and Z are common to a frame's states).
 
 ``implementation='pallas'`` (or 'auto' on GPU) runs the frame loop as one Pallas kernel
 (`fsa_ops.pallas_ctc`, backward rows in natural state order) and returns the same tables.
@@ -29,60 +28,37 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fsa_ops.ctc_lattice import CtcLattice, normalise_over_states
+from fsa_ops.ctc_lattice import CtcLattice, row_sum
 from fsa_ops.pallas_ctc import ctc_loop_pallas, use_pallas
-from fsa_ops.scores import EXP_FLOOR, exp_flushed, shift_states
+from fsa_ops.scores import EXP_FLOOR, exp_flushed
 
-__all__ = ["log_ctc_step", "log_renormalise", "run_log", "log_occupancy", "natural_row_masks"]
-
-
-def log_ctc_step(log_alpha, lp, valid, skip, semiring: str = "log"):
-    """One CTC frame in the log semiring (-inf = impossible; semiring='tropical': max instead of log-add).
-
-    log_alpha [R, S] float32; lp [R, S] log-probabilities of the positions' symbols at this frame
-    (-inf on padding states); valid [R] bool (False: padded frame, the row does not change);
-    skip [R, S] bool (position p may be entered from p-2).
-    Returns (new_log_alpha [R, S], incoming [R, S]): incoming = the log-add of the (up to three)
-    predecessors p, p-1, p-2, as ``top + log(1 + exp(b - top) + exp(c - top))`` for the two terms b, c
-    that are not the max (two exps; arguments below -80 clamped: a term of 1.8e-35 cannot change a
-    sum that holds 1, and no float32 subnormals, which are slow on x86); new = incoming + lp.
-    """
-    neg_inf = jnp.float32(-jnp.inf)
-    x1 = shift_states(log_alpha, 1, neg_inf)
-    x2 = jnp.where(skip, shift_states(log_alpha, 2, neg_inf), neg_inf)
-    hi = jnp.maximum(log_alpha, x1)
-    top = jnp.maximum(hi, x2)
-    if semiring == "tropical":
-        incoming = top
-    else:
-        lo = jnp.minimum(log_alpha, x1)
-        other = jnp.where(x2 > hi, hi, x2)          # the terms that are not the max: `other` and lo
-        safe = jnp.where(jnp.isfinite(top), top, 0.0)
-        incoming = top + jnp.log(1.0 + jnp.exp(jnp.maximum(other - safe, EXP_FLOOR))
-                                 + jnp.exp(jnp.maximum(lo - safe, EXP_FLOOR)))
-    return jnp.where(valid[:, None], incoming + lp, log_alpha), incoming
+__all__ = ["run_log", "log_occupancy", "natural_row_masks"]
 
 
-def log_renormalise(log_alpha):
-    """Shifts every row to max 0: returns (log_alpha - offset, offset [R]) (offset 0 for rows
-    without mass). Keeping the values near 0 keeps float32's absolute precision for long inputs."""
-    offset = jnp.max(log_alpha, axis=-1)
-    offset = jnp.where(jnp.isfinite(offset), offset, 0.0)
-    return log_alpha - offset[:, None], offset
-
-
-def run_log(lat: CtcLattice, lp, store: bool = True, *, implementation: str = "xla", semiring: str = "log"):
-    """The log recursion over the emissions lp [B, T, S]: (tables, log_z [R]) as the module
-    docstring says; store=False: only log_z is computed (tables is None), in a loop that writes
-    no tables. implementation: 'xla', 'pallas' (interpreted on CPU) or 'auto' (Pallas on GPU).
+def run_log(lat: CtcLattice, lp=None, store: bool = True, *, rows=None, implementation: str = "xla",
+            semiring: str = "log"):
+    """The log recursion over the emissions, given as lp [B, T, S] (natural order,
+    `CtcLattice.emissions`) or rows [T, R, S] (loop order, `CtcLattice.loop_emissions`): (tables,
+    log_z [R]) as the module docstring says; store=False: only log_z is computed (tables is None).
+    implementation: 'xla', 'pallas' (interpreted on CPU) or 'auto' (Pallas on GPU).
     semiring='tropical': Viterbi scores (log_z = the best alignment's log-probability; its tables
     are not occupancies)."""
+    if (lp is None) == (rows is None):
+        raise ValueError("run_log takes lp or rows (one of them)")
+    batch = lat.shape[0]
     if use_pallas(implementation):
+        if lp is None:
+            lp = jnp.transpose(rows[:, :batch], (1, 0, 2))
         return _run_pallas(lat, lp, store, semiring)
+    if rows is None:
+        rows = jnp.concatenate([jnp.transpose(lp, (1, 0, 2)), jnp.transpose(lp[:, ::-1, ::-1], (1, 0, 2))], axis=1)
     init = jnp.where(lat.start, 0.0, -jnp.inf).astype(jnp.float32)
-    # (store=False: the same loop; XLA drops the table writes that nothing reads)
-    last, tables, scale_sum = _frame_loop(init, lp, lat, semiring)
-    return (tables if store else None), _finish(last, lat.final, scale_sum, semiring)
+    last, out = _frame_loop(init, rows, lat.loop_valid, lat.skip, store, semiring)
+    if not store:
+        return None, _finish(last, lat.final, jnp.sum(out, axis=0), semiring)
+    states = rows.shape[2]
+    shift_sum = jnp.concatenate([jnp.sum(out[0][:, :, states], axis=0), jnp.sum(out[1][:, :, states], axis=0)])
+    return (out[0][:, :, :states], out[1][:, :, :states]), _finish(last, lat.final, shift_sum, semiring)
 
 
 def _finish(last, final, scale_sum, semiring: str):
@@ -120,64 +96,85 @@ def _run_pallas(lat: CtcLattice, lp, store: bool, semiring: str):
     log_z = _finish(last, final, scale_sum, semiring)
     if not store:
         return None, log_z
-    # The kernel stores the incoming sums of every frame relative to the maxima removed at the steps
-    # before it, and books each step's maximum on its natural frame. `_frame_loop`'s tables hold alpha
-    # including frame t's emission and book on each frame the shift its step applied: the kernel's
-    # maxima moved by one step (one frame later for alpha, one frame earlier for beta).
+    # The kernel stores the incoming sums of every frame (before its emission): alpha adds the
+    # emission back, beta is that table (each relative to its own shifts, as `log_occupancy` wants)
     alpha = jnp.where(valid[:, :, None], table[:batch] + lp, table[:batch])
-    beta = table[batch:]
-    norm_f = jnp.concatenate([jnp.zeros_like(scale[:batch, :1]), scale[:batch, :-1]], axis=1)
-    norm_b = jnp.concatenate([scale[batch:, 1:], jnp.zeros_like(scale[batch:, :1])], axis=1)
-    return (alpha, beta, norm_f, norm_b), log_z
+    return (jnp.swapaxes(alpha, 0, 1), jnp.swapaxes(table[batch:], 0, 1)), log_z
 
 
-def _frame_loop(init, table, lat: CtcLattice, semiring: str = "log"):
-    """Runs `log_ctc_step` over the rows' frames of `table` [B, T, S] (forward rows frame t, backward
-    rows frame T-1-t, states reversed), each row shifted back to max 0 at every frame.
+def _frame_loop(init, rows, valid, skip, store: bool, semiring: str = "log"):
+    """Runs the CTC step over rows [T, R, S] (loop order), valid [T, R], from init [R, S], every row
+    shifted back to max 0 after every frame.
 
-    Returns (last carry [R, S], (alpha, beta, norm_f, norm_b), log-scale sum [R]): alpha [B, T, S] =
-    the forward rows' scores after each frame (including its emission), beta [B, T, S] = the backward
-    rows' incoming sums at each frame (excluding its emission), both in natural order; norm_* [B, T]
-    the shift each row's scores took at that frame (so that alpha's scale is the sum of norm_f over frames <= t,
-    beta's that of norm_b over frames >= t).
+    Returns (last scores [R, S] (shifted), out): with store, out = (alpha, beta) [T, B, S+1] in
+    natural frame and state order: the forward rows' scores after frame t (including its
+    emission) and the backward rows' scores before it (excluding its emission), relative to the
+    shifts applied before that step, and in column S the shift applied after the step (the max of
+    the row's new scores, 0 for rows without mass); without store, out = those shifts [T, R] in
+    loop order. The true log-likelihood is the log-add of the last scores plus all the shifts.
 
-    The shift by the previous frame's max is applied inside the next step (the carry is the
-    unshifted scores and their max), and each table row holds its frame's shift in a last column,
-    so that a frame costs one fused step, one reduction and two table writes."""
-    batch, frames, _, states = lat.shape
-    valid = lat.frame_valid
-    buf = jnp.zeros((batch, frames, states + 1), jnp.float32)
+    The step reads its three predecessors as plain slices of a carry with two -inf columns in
+    front, and only the next carry's (cheap) fusion subtracts the shift and pads: XLA's CPU
+    fusions with a pad, a concatenate or a broadcast before a slice in them do not vectorise
+    their exps and logs. The loop body is then four kernels (the step, the max, the next carry and
+    one table write per direction) plus the loop's own."""
+    frames, num_rows, states = rows.shape
+    batch = num_rows // 2
+    neg_inf = jnp.float32(-jnp.inf)
+    gap = jnp.full((num_rows, 2), neg_inf)
+    put = functools.partial(jax.lax.dynamic_update_slice_in_dim, axis=0, allow_negative_indices=False)
 
     def body(t, state):
-        """Frame t (forward rows) and T-1-t (backward rows)."""
-        post, offset, alpha, beta = state
-        back = frames - t - 1
-        shift = jnp.where(jnp.isfinite(offset), offset, 0.0)
-        at = lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)  # noqa: E731  [B, 1, ...]
-        frame = jnp.concatenate([at(table, t)[:, 0], at(table, back)[:, 0, ::-1]], axis=0)
-        frame_valid = jnp.concatenate([at(valid, t)[:, 0], at(valid, back)[:, 0]], axis=0)
-        post, incoming = log_ctc_step(post - shift[:, None], frame, frame_valid, lat.skip, semiring)
-        put = lambda x, row, start: jax.lax.dynamic_update_slice_in_dim(x, row[:, None], start, axis=1)  # noqa: E731
-        alpha = put(alpha, jnp.concatenate([post[:batch], shift[:batch, None]], axis=1), t)
-        beta = put(beta, jnp.concatenate([incoming[batch:, ::-1], shift[batch:, None]], axis=1), back)
-        return post, jnp.max(post, axis=1), alpha, beta
+        padded, out = state
+        stay = padded[:, 2:]
+        frame = jax.lax.dynamic_slice_in_dim(rows, t, 1, 0, allow_negative_indices=False)[0]
+        frame_valid = jax.lax.dynamic_slice_in_dim(valid, t, 1, 0, allow_negative_indices=False)[0]
+        incoming = _log_add3(stay, padded[:, 1:-1], jnp.where(skip, padded[:, :-2], neg_inf), semiring)
+        post = jnp.where(frame_valid[:, None], incoming + frame, stay)
+        top = jnp.max(post, axis=1, keepdims=True)
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        if store:
+            # the backward rows' table takes the frame's emission out again (beta excludes it): one
+            # rounding of the size of the one that alpha (which includes the emission) carries
+            beta = jnp.where(frame[batch:] > -jnp.inf, post[batch:] - frame[batch:], neg_inf)[:, ::-1]
+            out = (put(out[0], jnp.concatenate([post[:batch], shift[:batch]], axis=1)[None], t),
+                   put(out[1], jnp.concatenate([beta, shift[batch:]], axis=1)[None], frames - 1 - t))
+        else:
+            out = put(out, shift[None, :, 0], t)
+        return jnp.concatenate([gap, post - shift], axis=1), out
 
-    post, offset, alpha, beta = jax.lax.fori_loop(
-        0, frames, body, (init, jnp.zeros(init.shape[:1], jnp.float32), buf, buf))
-    last_shift = jnp.where(jnp.isfinite(offset), offset, 0.0)
-    norm_f, norm_b = alpha[:, :, -1], beta[:, :, -1]
-    scale_sum = jnp.concatenate([jnp.sum(norm_f, axis=1), jnp.sum(norm_b, axis=1)]) + last_shift
-    return post - last_shift[:, None], (alpha[:, :, :-1], beta[:, :, :-1], norm_f, norm_b), scale_sum
+    if store:
+        out = (jnp.zeros((frames, batch, states + 1), jnp.float32), jnp.zeros((frames, batch, states + 1), jnp.float32))
+    else:
+        out = jnp.zeros((frames, num_rows), jnp.float32)
+    padded, out = jax.lax.fori_loop(0, frames, body, (jnp.concatenate([gap, init], axis=1), out))
+    return padded[:, 2:], out
 
 
-def log_occupancy(lat: CtcLattice, tables, log_z):
-    """State occupancies gamma [B, T, S] from the tables of `run_log`, renormalised over s within
-    each frame (`normalise_over_states`)."""
-    alpha, beta, scale_f, scale_b = tables
-    # log of the factor that turns alpha * beta into gamma: forward scales of frames <= t,
-    # backward scales of frames >= t, minus log Z.
-    log_factor = jnp.cumsum(scale_f, axis=1) + jax.lax.cumsum(scale_b, axis=1, reverse=True)
-    log_factor = log_factor - jnp.where(jnp.isfinite(log_z), log_z, 0.0)[:, None]
-    # (exact arithmetic gives log gamma <= 0; the cap only guards the exp against rounding)
-    gamma = exp_flushed(jnp.minimum(alpha + beta + log_factor[:, :, None], 30.0))
-    return normalise_over_states(lat, gamma, log_z)
+def _log_add3(x0, x1, x2, semiring: str):
+    """The log-add (tropical: max) of three arrays of scores (-inf = impossible), as
+    ``top + log(1 + exp(b - top) + exp(c - top))`` for the two terms b, c that are not the max
+    (two exps; arguments below -80 clamped: a term of 1.8e-35 cannot change a sum that holds 1,
+    and no float32 subnormals, which are slow on x86)."""
+    hi = jnp.maximum(x0, x1)
+    top = jnp.maximum(hi, x2)
+    if semiring == "tropical":
+        return top
+    lo = jnp.minimum(x0, x1)
+    other = jnp.where(x2 > hi, hi, x2)          # the terms that are not the max: `other` and lo
+    safe = jnp.where(jnp.isfinite(top), top, 0.0)
+    return top + jnp.log(1.0 + jnp.exp(jnp.maximum(other - safe, EXP_FLOOR))
+                         + jnp.exp(jnp.maximum(lo - safe, EXP_FLOOR)))
+
+
+def log_occupancy(lat: CtcLattice, tables):
+    """State occupancies gamma [T, B, S] (time-major) from the tables of `run_log`: alpha + beta
+    shifted by its max over s and exponentiated, then renormalised to sum 1 over s within each
+    frame (0 on padded frames and frames without mass). alpha and beta of a frame carry different
+    running shifts, and the max takes their sum (and log Z) out exactly, whatever their rounding."""
+    alpha, beta = tables
+    both = alpha + beta
+    top = jnp.max(both, axis=-1)                                                        # [T, B]
+    top = jnp.where(lat.frame_valid.T & (top > -jnp.inf), top, jnp.inf)
+    gamma = exp_flushed(both - top[:, :, None])
+    return gamma * (1.0 / jnp.maximum(row_sum(gamma), 1.0))[:, :, None]

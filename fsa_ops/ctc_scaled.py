@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fsa_ops.ctc_lattice import CtcLattice, nonfinite_frames, normalise_over_states, row_sum, usable_inverse
+from fsa_ops.ctc_lattice import (CtcLattice, nonfinite_frames, normalise_over_states, row_sum, time_major_gather,
+                                usable_inverse)
 from fsa_ops.scores import EXP_FLOOR, exp_flushed, shift_states
 
 __all__ = ["scaled_ctc_step", "run_scaled", "scaled_occupancy", "scaled_parts"]
@@ -111,7 +112,7 @@ def run_scaled(lat: CtcLattice, logits, log_probs: bool, store: bool = True, mar
     # loop masks what enters them (`enter`), so that no masked copy of the table is made
     top_rows = jnp.concatenate([top.T, top[:, ::-1].T], axis=1)                       # [T, R]
     # (store: one spare column S, which the loop overwrites with the log-scale increments)
-    relative = _time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1), spare=store) - top_rows[:, :, None]
+    relative = time_major_gather(x, jnp.clip(lat.ext, 0, classes - 1), spare=store) - top_rows[:, :, None]
     rows = exp_flushed(relative)
     valid = jnp.concatenate([lat.frame_valid.T, lat.frame_valid[:, ::-1].T], axis=1)  # [T, R]
     enter = jnp.concatenate([lat.state_valid, lat.state_valid[:, ::-1]], axis=0)
@@ -139,22 +140,6 @@ def run_scaled(lat: CtcLattice, logits, log_probs: bool, store: bool = True, mar
     if not store:
         return None, log_z, log_norm, bad_frames
     return tables + (row_offset,), log_z, log_norm, bad_frames
-
-
-def _time_major_gather(table, ids, spare: bool = False):
-    """table [B, T, C], ids [B, S] in [0, C) -> rows [T, 2B, S] in loop order: row b =
-    table[b, t, ids[b]], row B+b = table[b, T-1-t, ids[b, ::-1]] (one gather, no transposes).
-    spare=True: [T, 2B, S+1], column S a copy of column S-1 (room for the loop's own column)."""
-    batch, frames, columns = table.shape
-    states = ids.shape[1]
-    step = jnp.arange(frames)[:, None, None]
-    row = jnp.arange(2 * batch)[None, :, None]
-    pos = jnp.minimum(jnp.arange(states + spare), states - 1)[None, None, :]
-    forward = row < batch
-    b = jnp.where(forward, row, row - batch)
-    t = jnp.where(forward, step, frames - 1 - step)
-    flat = (b * frames + t) * columns + ids[b, jnp.where(forward, pos, states - 1 - pos)]
-    return table.reshape(-1)[flat.reshape(-1)].reshape(frames, 2 * batch, states + spare)
 
 
 def _scaled_loop(init, rows, gain, valid, offset, skip, enter, store: bool):
@@ -202,7 +187,8 @@ def _scaled_loop(init, rows, gain, valid, offset, skip, enter, store: bool):
         # increment instead, summed up by one prefix sum after the loop
         def in_place(t, state):
             x, norm, buf = state
-            at = lambda a: jax.lax.dynamic_slice_in_dim(a, t, 1, 0, allow_negative_indices=False)
+            def at(a):
+                return jax.lax.dynamic_slice_in_dim(a, t, 1, 0, allow_negative_indices=False)
             x, incoming, increment = advance(x, norm, at(buf)[0, :, :states], at(gain)[0], at(valid)[0],
                                              at(offset)[0])
             out = jnp.concatenate([jnp.where(forward_row, x, incoming), increment[:, None]], axis=1)
