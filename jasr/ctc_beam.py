@@ -15,7 +15,11 @@ are traced back at the end. Hypothesis lengths are bounded by the number of fram
 Blank frames (with token_min_logp: no candidate token, the blank the frame's best) only add the blank to every
 prefix; each row's other frames are gathered to the front and scanned, and each run of blank frames is folded into
 the beam before the next scanned frame (pb = logaddexp(pb, pnb) + the run's blank log-probs, pnb = -inf: a token
-equal to the last one then starts a new one), so peaky logits cost about their non-blank frames.
+equal to the last one then starts a new one), so peaky logits cost about their non-blank frames. The whole search
+(plan, scan, back-trace) is one jitted call; the scan runs as many steps as the batch's row with the most scanned
+frames needs (a traced count: no program per batch), and a step where every row has at most half the beam alive
+and at most 2 or 4 tried candidates runs a narrower program on those only (exact: the other entries are dead and
+the other candidates untried; jasr.ctc_beam_plan and _step_shapes).
 
 Score of a hypothesis (what ranks the beam and the n-best):
     total = acoustic + lm_weight * lm + word_bonus * words + hotword bonus + oov_penalty * (out-of-lexicon words)
@@ -41,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jasr.ctc_beam_plan import (FoldPlan, chunk_schedule, compaction, first_argmax, fold_plan, frame_counts,
+                                 host_fold_plan, pow2, top_rows)
 from jasr.lexicon import Hotwords, Lexicon, LmLookahead, hotword_step, lexicon_child, lookahead_score
 
 __all__ = ["BeamSearchResult", "ctc_prefix_beam_search", "nbest_lists", "word_timestamps"]
@@ -78,6 +84,21 @@ class _Beam(NamedTuple):
     lm_state: Any        # pytree of [K, ...] arrays
 
 
+_F32, _I32 = ("pb", "pnb", "fus", "lm", "la"), ("words", "last", "length", "node", "ctx")
+
+
+def _pack(s: _Beam):
+    """The beam [B, K] as four arrays: float32 [5, B, K], int32 [5, B, K], uint32 [4, B, K] (h, ph), lm_state."""
+    return (jnp.stack([getattr(s, f) for f in _F32]), jnp.stack([getattr(s, f) for f in _I32]),
+            jnp.concatenate([jnp.moveaxis(s.h, -1, 0), jnp.moveaxis(s.ph, -1, 0)]), s.lm_state)
+
+
+def _unpack(p) -> _Beam:
+    f, i, u, lm_state = p
+    return _Beam(**{n: f[j] for j, n in enumerate(_F32)}, **{n: i[j] for j, n in enumerate(_I32)},
+                 h=jnp.moveaxis(u[:2], 0, -1), ph=jnp.moveaxis(u[2:], 0, -1), lm_state=lm_state)
+
+
 def _hash(h: jax.Array, tok: jax.Array) -> jax.Array:
     t = (tok.astype(jnp.uint32) + jnp.uint32(1))[..., None]
     return h * jnp.array([_H1, _H2]) + t * jnp.array([1, 0x9E3779B9], jnp.uint32)
@@ -94,7 +115,8 @@ class _Opts(NamedTuple):
     topk: int
     lm_level: str | None
     constrain: bool
-    chunk: int = 0        # > 0: frames with more candidates are searched in chunks of this many (see _schedule)
+    chunk: int = 0        # > 0: frames with more candidates are searched in chunks of this many (chunk_schedule)
+    blank_frames: str = "full"   # "compact" / "fold": blank frames folded (jasr.ctc_beam_plan), "full": searched
 
 
 class _Weights(NamedTuple):
@@ -111,15 +133,18 @@ def _word_id(lex: Lexicon, node):
 
 
 def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None, look: LmLookahead | None, s: _Beam,
-           lp, c_lp, c_tok, pad, orig=None, first=None, links=None):
-    """One frame (or one chunk of a frame's candidates) for one utterance: beam [K] -> beam [K] and (parent slot
-    [K], added token [K]).
+           lp, c_lp, c_tok, pad, orig=None, first=None, links=None, full=None, completing=None):
+    """One frame (or one chunk of a frame's candidates) for one utterance: beam [K_in] -> beam [K] and (parent
+    slot [K], added token [K]). K_in < K: s holds the first K_in entries of the beam `full` (the others dead: the
+    search keeps the live entries first), which a padding frame returns unchanged. completing: an unbatched bool,
+    False where no live entry of the batch completes a word this step (the word LM is then not queried).
 
     lp: [V] log-probs; c_lp, c_tok: [C] the candidate tokens and their log-probs (-inf: not tried). Chunked
     frames (orig, first, links given): the first chunk updates the beam's prefixes (stays) and grows them by its
     candidates; a later chunk grows the frame-start beam `orig` by its candidates and competes with the entries
     kept so far, which stay as they are; links: the frame's (parent, added) of the current entries."""
-    K = o.beam
+    K, K_in = o.beam, s.pb.shape[0]
+    full = s if full is None else full
     b = s if first is None else jax.tree.map(lambda x, y: jnp.where(first, x, y), s, orig)   # frame-start beam
     ab = jnp.logaddexp(b.pb, b.pnb)
     alive = ab > _NEG
@@ -129,8 +154,9 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     st_pnb = jnp.where(b.length > 0, b.pnb + lp_last, _NEG)
     # a beam prefix whose parent is in the beam also grows out of it this frame: merge
     match = (alive[:, None] & alive[None, :] & jnp.all(b.ph[:, None] == b.h[None, :], -1)
-             & (b.length[:, None] == b.length[None, :] + 1))                       # [k', k]
-    par, has_par = jnp.argmax(match, axis=1), match.any(1)
+             & (b.length[:, None] == b.length[None, :] + 1))                                   # [k', k]
+    has_par = match.any(1)
+    par = jnp.min(jnp.where(match, jnp.arange(K_in, dtype=jnp.int32), K_in - 1), 1)   # the first match (argmax)
     into = jnp.where(b.last == b.last[par], b.pb[par], ab[par]) + lp_last
     st_pnb = jnp.logaddexp(st_pnb, jnp.where(has_par, into, _NEG))
     if first is not None:   # a later chunk: the entries kept so far were updated by the first chunk
@@ -141,13 +167,13 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     e_pnb = jnp.where(c_tok[None] == b.last[:, None], b.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
     # (k, c) is already in the beam as k' when k' = k + c: drop it (its mass went into k' above)
     eq = ((b.last[:, None] == c_tok[None, :]) & has_par[:, None]).astype(jnp.int32)                  # [k', C]
-    dup = jnp.zeros((K, C), jnp.int32).at[par].max(eq) > 0                                           # [K, C]
+    dup = jnp.zeros((K_in, C), jnp.int32).at[par].max(eq) > 0                                        # [K_in, C]
     e_ok = alive[:, None] & ~dup & (c_lp[None] > _NEG)
-    tok = jnp.broadcast_to(c_tok[None], (K, C))
-    zero = jnp.zeros((K, C), jnp.float32)
-    d_lm, d_words, d_fus = zero, jnp.ones((K, C), jnp.int32), zero
-    node = jnp.broadcast_to(b.node[:, None], (K, C))
-    la = jnp.broadcast_to(b.la[:, None], (K, C))
+    tok = jnp.broadcast_to(c_tok[None], (K_in, C))
+    zero = jnp.zeros((K_in, C), jnp.float32)
+    d_lm, d_words, d_fus = zero, jnp.ones((K_in, C), jnp.int32), zero
+    node = jnp.broadcast_to(b.node[:, None], (K_in, C))
+    la = jnp.broadcast_to(b.la[:, None], (K_in, C))
 
     def lm_pick(k, j, grown):   # the LM state of the new beam entries
         return jax.tree.map(lambda a, c: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), a[k], c[k]),
@@ -166,7 +192,11 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
         else:
             d_fus += w.oov_penalty * ((completes & in_word).astype(jnp.float32) + new_oov)
         if o.lm_level == "word":
-            adv_state, adv_lp = lm.advance(b.lm_state, lm_wid)
+            if completing is None:
+                adv_state, adv_lp = lm.advance(b.lm_state, lm_wid)
+            else:
+                adv_state, adv_lp = jax.lax.cond(completing, lm.advance, lambda st, _: (
+                    st, jnp.zeros(jnp.shape(st), jnp.float32)), b.lm_state, lm_wid)
             d_lm = jnp.where(completes, adv_lp[:, None], 0.0)
             if look is not None:   # the new partial word's look-ahead replaces the old one
                 la = jnp.where(node == 0, 0.0, lookahead_score(
@@ -180,13 +210,13 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
                                               jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), c[k], d[k])),
                     adv_state, b.lm_state, s.lm_state)
     if o.lm_level == "token":
-        lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K, C) + a.shape[1:]), b.lm_state)
+        lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (K_in, C) + a.shape[1:]), b.lm_state)
         lm_state, d_lm = lm.advance(lm_state, tok)
 
         def lm_pick(k, j, grown):
             return jax.tree.map(lambda a, c: jnp.where(grown.reshape((K,) + (1,) * (a.ndim - 1)), c[k, j], a[k]),
                                 s.lm_state, lm_state)
-    ctx = jnp.broadcast_to(b.ctx[:, None], (K, C))
+    ctx = jnp.broadcast_to(b.ctx[:, None], (K_in, C))
     if hot is not None:
         ctx, d_hot = hotword_step(hot, ctx, tok)
         d_fus += d_hot
@@ -196,9 +226,9 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     total = jnp.concatenate([st_total, e_total.reshape(-1)])
     total = jnp.where(total >= total.max() + w.beam_prune_logp, total, _NEG)
     _, idx = jax.lax.top_k(total, K)
-    grown = idx >= K
-    k = jnp.where(grown, (idx - K) // C, idx)
-    j = jnp.where(grown, (idx - K) % C, 0)
+    grown = idx >= K_in
+    k = jnp.where(grown, (idx - K_in) // C, idx)
+    j = jnp.where(grown, (idx - K_in) % C, 0)
     gtok = c_tok[j]
     new = _Beam(
         pb=jnp.where(grown, _NEG, st_pb[k]), pnb=jnp.where(grown, e_pnb[k, j], st_pnb[k]),
@@ -212,7 +242,7 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     dead = jnp.take(total, idx) == _NEG
     new = new._replace(pb=jnp.where(dead, _NEG, new.pb), pnb=jnp.where(dead, _NEG, new.pnb))
     keep = pad >= 0.5
-    new = jax.tree.map(lambda a, c: jnp.where(keep, a, c), s, new)
+    new = jax.tree.map(lambda a, c: jnp.where(keep, a, c), full, new)
     parent = jnp.where(keep, jnp.arange(K, dtype=jnp.int32), k.astype(jnp.int32))
     added = jnp.where(keep | ~grown, -1, gtok).astype(jnp.int32)
     if first is not None:   # links to the frame-start beam: kept entries keep theirs
@@ -266,52 +296,101 @@ def _finish(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None
     return total, jnp.where(ok, acoustic, _NEG), lm_total, words
 
 
+def _step_shapes(o: _Opts, V: int) -> list[tuple[int, int]]:
+    """(live entries, candidate columns) of the step programs a column may run, cheapest first, the full step
+    last: a step where every row has at most k_in live entries and c_in tried candidates runs on those only
+    (exact: the rest cannot add anything). Halving the beam needs beam >= 8; narrowing the candidates needs them
+    ranked (token_topk < V), so that the tried ones come first."""
+    K, C = o.beam, min(o.topk, V)
+    ks = [K // 2, K] if K >= 8 else [K]
+    cs = [c for c in (2, 4) if c < C] + [C] if o.topk < V else [C]
+    return [(k, c) for k in ks for c in cs]
+
+
+def _candidates(o: _Opts, w: _Weights, lp):
+    """The tokens a frame grows prefixes by: lp [..., V] -> (c_lp, c_tok) [..., C] best first (-inf: not tried):
+    the topk best non-blank tokens at or above token_min_logp, and the frame's best token whatever its log-prob."""
+    V = lp.shape[-1]
+    lp_nb = lp.at[..., o.blank_id].set(_NEG)
+    if o.topk < V or o.chunk:   # chunks take the candidates best first
+        c_lp, c_tok = top_rows(lp_nb, min(o.topk, V))
+    else:
+        c_lp, c_tok = lp_nb, jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), lp.shape)
+    c_lp = jnp.where((c_lp >= w.token_min_logp) | (c_tok == first_argmax(lp)[..., None]), c_lp, _NEG)
+    return c_lp, c_tok.astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnums=(0,))
 def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sched=None, comp=None
             ) -> BeamSearchResult:
-    B, T, V = log_probs.shape
+    """The whole search on device: plan (blank frames), steps, back-trace. sched, comp: a host plan (chunked
+    search); without them the plan is traced here and the scan runs as many steps as the fullest row needs."""
+    B, T_out, V = log_probs.shape
+    lp = log_probs.astype(jnp.float32)
     paddings = paddings.astype(jnp.float32)
-    bi = jnp.arange(B)[:, None]
-    if comp is None:   # every frame searched
-        gap, has = jnp.zeros((B, T + 1)), jnp.zeros((B, T + 1), bool)
-        orig_t = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    else:   # blank frames (bonly) folded into the column seg; the columns are the frames idx ([B, Tc], cpad)
-        orig_t, cpad, seg, bonly = comp
-        blank_lp = jnp.where(bonly, log_probs[..., o.blank_id].astype(jnp.float32), 0.0)
-        gap = jnp.zeros((B, orig_t.shape[1] + 1)).at[bi, seg].add(blank_lp)
-        has = jnp.zeros((B, orig_t.shape[1] + 1), bool).at[bi, seg].max(bonly)
-        log_probs = jnp.take_along_axis(log_probs, orig_t[..., None], 1)
-        paddings = cpad
-    T_out, T = T, log_probs.shape[1]
-    gap_t, has_t = jnp.moveaxis(gap[:, :T], 1, 0), jnp.moveaxis(has[:, :T], 1, 0)               # [T, B]
+    if o.blank_frames == "full":   # every frame searched
+        ts = jnp.broadcast_to(jnp.arange(T_out, dtype=jnp.int32), (B, T_out))
+        plan = FoldPlan(ts, paddings, jnp.zeros((B, T_out + 1)), jnp.zeros((B, T_out + 1), bool), jnp.int32(T_out))
+    elif comp is not None:
+        plan = host_fold_plan(comp, lp[..., o.blank_id])
+    else:
+        counts = frame_counts(lp, paddings, o.blank_id, w.token_min_logp)
+        plan = fold_plan(counts, lp[..., o.blank_id], o.blank_frames == "compact")
+    if o.blank_frames == "compact":   # each row's columns gathered to the front
+        lp = jnp.take_along_axis(lp, plan.orig_t[..., None], 1)
+    T = plan.orig_t.shape[1]
+    lp = jnp.moveaxis(lp, 1, 0)                                                             # [T, B, V]
+    pads = jnp.moveaxis(plan.cpad, 1, 0)
+    gap_t, has_t = jnp.moveaxis(plan.gap[:, :T], 1, 0), jnp.moveaxis(plan.has[:, :T], 1, 0)   # [T, B]
     K, N = o.beam, o.nbest
     first = jnp.arange(K) == 0
-    lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (B, K) + jnp.shape(a)),
-                            lm.start_state() if lm is not None else jnp.zeros((), jnp.int32))
+    start = lm.start_state() if lm is not None else jnp.zeros((), jnp.int32)
+    if look is not None and jnp.ndim(start) != 0:
+        raise ValueError("lm_lookahead needs an LM whose states are int32 scalars")
+    lm_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (B, K) + jnp.shape(a)), start)
     zi = jnp.zeros((B, K), jnp.int32)
     beam = _Beam(pb=jnp.broadcast_to(jnp.where(first, 0.0, _NEG), (B, K)), pnb=jnp.full((B, K), _NEG),
                  fus=jnp.zeros((B, K)), lm=jnp.zeros((B, K)), words=zi, last=zi - 1, length=zi,
                  h=jnp.zeros((B, K, 2), jnp.uint32), ph=jnp.ones((B, K, 2), jnp.uint32), node=zi, ctx=zi,
                  la=jnp.zeros((B, K)), lm_state=lm_state)
     frame = jax.vmap(functools.partial(_frame, o, w, lm, lex, hot, look))
+    if sched is None:   # one step per column, the candidates chosen in the step
+        steps = plan.steps
 
-    def step(s, x):
-        return frame(_fold(s, x[4], x[5]), *x[:4])
+        shapes = _step_shapes(o, V)
 
-    lp = jnp.moveaxis(log_probs.astype(jnp.float32), 1, 0)                                  # [T, B, V]
-    # the candidate tokens of every frame, chosen before the scan (they do not depend on the beam)
-    lp_nb = lp.at[:, :, o.blank_id].set(_NEG)
-    if o.topk < V or o.chunk:   # chunks take the candidates best first
-        c_lp, c_tok = jax.lax.top_k(lp_nb, min(o.topk, V))                                  # [T, B, C]
-    else:
-        c_lp, c_tok = lp_nb, jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), lp.shape)
-    # token_min_logp: tokens below it are not tried, except the frame's best token
-    c_lp = jnp.where((c_lp >= w.token_min_logp) | (c_tok == jnp.argmax(lp, -1)[..., None]), c_lp, _NEG)
-    c_tok, pads = c_tok.astype(jnp.int32), jnp.moveaxis(paddings, 1, 0)
-    if sched is None:
-        beam, (parents, added) = jax.lax.scan(step, beam, (lp, c_lp, c_tok, pads, gap_t, has_t))          # [T, B, K]
+        def step(i, carry):   # the beam travels packed (_pack): fewer loop buffers, fewer fused loops per step
+            packed, links = carry
+            c_lp, c_tok = _candidates(o, w, lp[i])
+            s = _unpack(packed)   # read only by reductions here; each branch unpacks its own slice
+            alive = jnp.logaddexp(s.pb, s.pnb) > _NEG                                                # [B, K]
+            completing = None
+            if lex is not None and o.lm_level == "word":   # some live entry in a word and a word-ending candidate
+                ends = (lex.boundary[c_tok] | lex.word_start[c_tok]) & (c_lp > _NEG)                      # [B, C]
+                completing = (ends.any(1) & ((s.node != 0) & alive).any(1) & (pads[i] < 0.5)).any()
+
+            def branch(k_in, c_in):   # the live entries (first) and the tried candidates (best first) fit
+                def run(packed):
+                    s = _fold(_unpack(packed), gap_t[i], has_t[i])
+                    sub = jax.tree.map(lambda a: a[:, :k_in], s) if k_in < K else s
+                    new, (par, add) = jax.vmap(functools.partial(
+                        _frame, o, w, lm, lex, hot, look, completing=completing))(
+                        sub, lp[i], c_lp[:, :c_in], c_tok[:, :c_in], pads[i], full=s)
+                    return _pack(new), jnp.stack([par, add], -1)
+                return run
+            if len(shapes) == 1:
+                packed, link = branch(*shapes[0])(packed)
+            else:
+                live, tried = alive.sum(1).max(), (c_lp > _NEG).sum(1).max()
+                fits = jnp.stack([(live <= k_in) & (tried <= c_in) for k_in, c_in in shapes])
+                packed, link = jax.lax.switch(jnp.argmax(fits), [branch(*sh) for sh in shapes], packed)
+            return packed, links.at[i].set(link)
+
+        packed, links = jax.lax.fori_loop(0, steps, step, (_pack(beam), jnp.zeros((T, B, K, 2), jnp.int32)))
+        beam = _unpack(packed)
         frame_of, last_of = jnp.arange(T), jnp.ones((T,), bool)
-    else:   # steps = chunks of frames (_schedule): candidate columns [c * C, (c + 1) * C) of frame f
+    else:   # steps = chunks of columns (chunk_schedule): candidate columns [c * C, (c + 1) * C) of column f
+        c_lp, c_tok = _candidates(o, w, lp)                                                 # [T, B, cols]
         frame_of, chunk_of, first_of, last_of, valid = sched
         C, cols = o.chunk, c_lp.shape[-1]
         if cols % C:
@@ -332,99 +411,38 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sche
 
         links = (jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), jnp.full((B, K), -1, jnp.int32))
         (beam, _, _), (parents, added) = jax.lax.scan(chunk_step, (beam, beam, links), xs)   # [S, B, K]
-    beam = _fold(beam, gap[:, T], has[:, T])   # blank frames after the last column
+        links, steps = jnp.stack([parents, added], -1), jnp.int32(parents.shape[0])
+    beam = _fold(beam, plan.gap[:, T], plan.has[:, T])   # blank frames after a row's last column
     total, acoustic, lm_total, words = jax.vmap(functools.partial(_finish, o, w, lm, lex, hot, look))(beam)
-    scores, sel = jax.lax.top_k(total, N)                                                   # [B, N]
+    scores, sel = top_rows(total, N)                                                        # [B, N]
     take = jax.vmap(lambda a, i: a[i])
     lengths = jnp.where(scores > _NEG, take(beam.length, sel), 0)
+    S = links.shape[0]
 
-    def back(carry, x):   # walk the backpointers from the last frame (a frame's links are in its last step)
-        slot, pos = carry
-        par, add, t, last = x
-        tk = jnp.where(last, take(add, slot), -1)
+    def back(j, carry):   # walk the links [S, B, K, (parent, added)] from the last step (a column's: its last)
+        slot, pos, out = carry
+        i = steps - 1 - j
+        link = take(links[i], slot)                                                         # [B, N, 2]
+        tk = jnp.where(last_of[i], link[..., 1], -1)
         pos = pos - (tk >= 0)
-        at = jnp.broadcast_to(orig_t[:, t][:, None], tk.shape)
-        return (jnp.where(last, take(par, slot), slot), pos), (tk, jnp.where(tk >= 0, pos, T_out), at)
+        at = jnp.broadcast_to(plan.orig_t[:, frame_of[i]][:, None], tk.shape)
+        out = out.at[i].set(jnp.stack([tk, at, jnp.where(tk >= 0, pos, T_out)], -1))
+        return jnp.where(last_of[i], link[..., 0], slot), pos, out
 
-    _, (toks, pos, frames) = jax.lax.scan(back, (sel, lengths), (parents, added, frame_of, last_of), reverse=True)
-    S = parents.shape[0]
+    _, _, out = jax.lax.fori_loop(0, steps, back, (sel, lengths, jnp.full((S, B, N, 3), T_out, jnp.int32)))
     bi, ni = jnp.meshgrid(jnp.arange(B), jnp.arange(N), indexing="ij")
     bi, ni = jnp.broadcast_to(bi, (S, B, N)), jnp.broadcast_to(ni, (S, B, N))
-    tokens = jnp.full((B, N, T_out), -1, jnp.int32).at[bi, ni, pos].set(toks, mode="drop")
-    token_frames = jnp.full((B, N, T_out), -1, jnp.int32).at[bi, ni, pos].set(frames, mode="drop")
     dead = scores == _NEG
+    out = jnp.full((B, N, T_out, 2), -1, jnp.int32).at[bi, ni, out[..., 2]].set(out[..., :2], mode="drop")
+    out = jnp.where(dead[..., None, None], -1, out)                   # no hypothesis: no tokens
+    tokens, token_frames = out[..., 0], out[..., 1]
     return BeamSearchResult(tokens, lengths, scores, take(acoustic, sel), jnp.where(dead, 0.0, take(lm_total, sel)),
                             jnp.where(dead, 0, take(words, sel)), token_frames)
 
 
 _CHUNK = 8   # candidates per step when a frame has more than this many (auto token_topk)
 _STEP_COST = 25   # the cost of a search step beside its candidate columns, in columns (measured on CPU)
-
-
-@functools.partial(jax.jit, static_argnums=(2,))
-def _frame_counts(log_probs, paddings, blank_id, min_logp):
-    """[B, T] int32: the candidate tokens of each frame (non-blank, log-prob >= min_logp, or the frame's best
-    token if it is no blank); -1 on padding. A frame with 0 is a blank frame."""
-    ok = (log_probs >= min_logp) & (jnp.arange(log_probs.shape[-1]) != blank_id)
-    n = jnp.maximum(ok.sum(-1), (jnp.argmax(log_probs, -1) != blank_id).astype(jnp.int32))
-    return jnp.where(paddings < 0.5, n, -1).astype(jnp.int32)
-
-
-def _bucket(n: int) -> int:
-    """Compacted lengths: powers of two up to 16, then multiples of an eighth of the next power of two (at most
-    12.5 % padded steps, eight compiled programs per octave)."""
-    p = _pow2(n)
-    return p if p <= 16 else -(-n // (p // 8)) * (p // 8)
-
-
-def _compaction(counts: np.ndarray, compact: bool):
-    """Host plan of the blank-frame folding. counts [B, T] (_frame_counts). -> ((orig_t [B, Tc], cpad [B, Tc],
-    seg [B, T], bonly [B, T]), numpy, and the candidates per column [Tc]). compact: the columns are each row's
-    frames with candidates, in order (Tc: the most of a row, bucketed); else every frame, a blank frame being a
-    padded column that folds itself."""
-    B, T = counts.shape
-    bonly = counts == 0
-    if compact:
-        keep = counts > 0
-        n_keep = keep.sum(1)
-        Tc = min(_bucket(max(int(n_keep.max(initial=0)), 1)), T)
-        order = np.argsort(~keep, axis=1, kind="stable")[:, :Tc]          # each row's kept frames first, in order
-        valid = np.arange(Tc)[None] < n_keep[:, None]
-        orig_t = np.where(valid, order, T - 1)
-        seg = np.cumsum(keep, 1) - keep                                    # the column after a blank frame
-        seg = np.where(seg >= n_keep[:, None], Tc, seg)                    # ... or the end
-        col_counts = np.where(valid, np.take_along_axis(counts, orig_t, 1), 0).max(0)
-        cpad = (~valid).astype(np.float32)
-    else:
-        orig_t = np.broadcast_to(np.arange(T), (B, T))
-        seg, col_counts = orig_t, counts.max(0)
-        cpad = (counts <= 0).astype(np.float32)
-    return (orig_t.astype(np.int32), cpad, seg.astype(np.int32), bonly), np.maximum(col_counts, 0)
-
-
-def _pow2(n: int) -> int:
-    n = max(int(n), 1)
-    return 1 << (n - 1).bit_length()
-
-
-def _schedule(counts: np.ndarray, chunk: int):
-    """Steps of a chunked search: frame t gets ceil(counts[t] / chunk) steps (at least one); the number of extra
-    steps is rounded up to a power of two (one compiled program per power), padded with no-op steps (a later
-    chunk of the last frame on padding). -> (frame_of, chunk_of, first_of, last_of, valid) [S] and the
-    candidate columns per frame (a multiple of chunk)."""
-    n = np.maximum(1, -(-counts // chunk)).astype(np.int64)
-    T, total = len(n), int(n.sum())
-    S = T + _pow2(total - T) if total > T else T
-    frame_of = np.full(S, T - 1, np.int32)
-    frame_of[:total] = np.repeat(np.arange(T), n)
-    chunk_of = np.zeros(S, np.int32)
-    chunk_of[:total] = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
-    first_of = np.zeros(S, bool)
-    first_of[:total] = chunk_of[:total] == 0
-    last_of = np.zeros(S, bool)
-    last_of[:total] = chunk_of[:total] == np.repeat(n, n) - 1
-    valid = np.arange(S) < total
-    return (frame_of, chunk_of, first_of, last_of, valid), _pow2(int(n.max())) * chunk
+_frame_counts = jax.jit(frame_counts, static_argnums=(2,))
 
 
 def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | None = None, blank_id: int = 0,
@@ -440,8 +458,8 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
       log_probs: [B, T, V] float log-softmax outputs (log semiring; float32 inside). paddings: [B, T], 1.0 = padded
         frame (leaves the beam unchanged).
       beam: prefixes kept per frame (static). nbest: hypotheses returned (<= beam; default: beam).
-      token_topk: grow prefixes by at most this many tokens per frame (static; with token_min_logp and concrete
-        inputs, fewer where no frame has that many candidates: a power of two, exact). Default: all tokens, or, with
+      token_topk: grow prefixes by at most this many tokens per frame (static: no device-to-host read; steps
+        where no frame has that many candidates try fewer, exact). Default: all tokens, or, with
         token_min_logp and concrete inputs, as many as any frame has at or above it, rounded up to a power of two
         (exact; one small device-to-host read, and one compiled program per power of two); where fewer frames
         have many, those are searched in several steps of 8 candidates each (exact as well: each step grows the
@@ -457,15 +475,16 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
         needs lm_level="word". Changes pruning only (module docstring).
       blank_frames: with token_min_logp, a blank frame (no candidate token: the blank is its best token and no
         other reaches token_min_logp) only adds the blank to every prefix (pyctcdecode's rule: the alignments that
-        repeat the last token there, or grow by a token below token_min_logp, are dropped). "compact" (default;
-        "fold" under jit): each row's other frames are gathered to the front and scanned (their number bucketed:
-        one compiled program per bucket), runs of blank frames folded in between (pb = logaddexp(pb, pnb) + their
-        blank log-probs, pnb = -inf); "fold": the same rule scanning every frame (same results); "full": blank
-        frames searched as any other frame.
+        repeat the last token there, or grow by a token below token_min_logp, are dropped). "compact" (default,
+        also under jit): each row's other frames are gathered to the front on device and scanned (as many steps as
+        the fullest row needs), runs of blank frames folded in between (pb = logaddexp(pb, pnb) + their blank
+        log-probs, pnb = -inf); "fold": the same rule scanning every frame (same results); "full": blank frames
+        searched as any other frame.
     Returns:
-      BeamSearchResult, [B, N, ...], best first; tokens padded to T with -1.
+      BeamSearchResult, [B, N, ...], best first; tokens padded to T with -1 (all -1 where the score is -inf).
     """
-    log_probs, paddings = jnp.asarray(log_probs), jnp.asarray(paddings)
+    log_probs = log_probs if isinstance(log_probs, jax.Array) else jnp.asarray(log_probs)
+    paddings = paddings if isinstance(paddings, jax.Array) else jnp.asarray(paddings)
     if log_probs.ndim != 3 or not jnp.issubdtype(log_probs.dtype, jnp.floating):
         raise ValueError(f"log_probs must be a float [B, T, V] array, got {log_probs.dtype} {log_probs.shape}")
     if paddings.shape != log_probs.shape[:2]:
@@ -484,26 +503,17 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
     if blank_frames not in ("compact", "fold", "full"):
         raise ValueError(f"blank_frames must be 'compact', 'fold' or 'full', got {blank_frames!r}")
     sched, chunk, comp = None, 0, None
+    mode = "full" if token_min_logp is None else blank_frames
     concrete = not isinstance(log_probs, jax.core.Tracer) and not isinstance(paddings, jax.core.Tracer)
-    if token_min_logp is not None and blank_frames != "full" and not concrete:   # under jit: fold on device
-        counts = _frame_counts(log_probs, paddings, blank_id, np.float32(token_min_logp))
-        ts = jnp.broadcast_to(jnp.arange(counts.shape[1], dtype=jnp.int32), counts.shape)
-        comp = (ts, (counts <= 0).astype(jnp.float32), ts, counts == 0)
-    if token_min_logp is not None and concrete:
+    if token_topk is None and token_min_logp is not None and concrete:   # auto: the fullest frame sets the width
         counts = np.asarray(_frame_counts(log_probs, paddings, blank_id, np.float32(token_min_logp)))
-        if blank_frames != "full":
-            comp, counts = _compaction(counts, blank_frames == "compact")
-        else:
-            counts = np.maximum(counts.max(0), 0)
-    if token_topk is None and token_min_logp is not None and concrete:
-        whole = min(_pow2(counts.max(initial=0)), topk)
+        whole = min(pow2(counts.max(initial=0)), topk)
         if whole > _CHUNK:   # chunk where fewer, narrower steps cost less (a step ~ _STEP_COST + its columns)
-            steps, cols = _schedule(counts, _CHUNK)
-            if steps[0].shape[0] * (_STEP_COST + _CHUNK) < len(counts) * (_STEP_COST + whole):
-                sched, chunk, whole = steps, _CHUNK, min(cols, topk)
+            host_comp, cols = compaction(counts) if mode == "compact" else (None, np.maximum(counts.max(0), 0))
+            steps, width = chunk_schedule(cols, _CHUNK)
+            if steps[0].shape[0] * (_STEP_COST + _CHUNK) < len(cols) * (_STEP_COST + whole):
+                sched, chunk, whole, comp = steps, _CHUNK, min(width, topk), host_comp
         topk = whole
-    elif token_min_logp is not None and concrete:   # no more columns than any frame has candidates (exact)
-        topk = min(topk, _pow2(counts.max(initial=0)))
     if lm_level not in ("token", "word"):
         raise ValueError(f"lm_level must be 'token' or 'word', got {lm_level!r}")
     if lm is not None and not all(hasattr(lm, a) for a in ("start_state", "advance", "final")):
@@ -524,13 +534,11 @@ def ctc_prefix_beam_search(log_probs, paddings, beam: int = 16, *, nbest: int | 
         if not isinstance(lm_lookahead, LmLookahead) or lm_lookahead.table.shape[-1] != lexicon.word.shape[0] + 1:
             raise ValueError(f"lm_lookahead must be a LmLookahead of this lexicon ({lexicon.word.shape[0]} trie "
                              f"nodes + 1 columns), got {getattr(lm_lookahead, 'table', lm_lookahead)!r:.80}")
-        if jnp.ndim(lm.start_state()) != 0:
-            raise ValueError("lm_lookahead needs an LM whose states are int32 scalars")
     for name, val in (("token_min_logp", token_min_logp), ("beam_prune_logp", beam_prune_logp)):
         if val is not None and val > 0:
             raise ValueError(f"{name} must be <= 0 (a log-probability offset), got {val}")
     o = _Opts(int(beam), int(nbest), int(blank_id), topk, lm_level if lm is not None else None,
-              bool(constrain_to_lexicon), chunk)
+              bool(constrain_to_lexicon), chunk, mode)
     f32 = lambda x, d: np.float32(d if x is None else x)  # noqa: E731
     w = _Weights(f32(lm_weight, 0.0), f32(word_bonus, 0.0), f32(oov_penalty, 0.0), f32(token_min_logp, -np.inf),
                  f32(beam_prune_logp, -np.inf))

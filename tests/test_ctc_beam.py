@@ -212,12 +212,14 @@ def peaky(rng, B, T, V, blank_frac=0.6, peak=8.0):
     return jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
 
 
-def reference_beam(lp, beam):
-    """Textbook prefix beam search with dicts (no token pruning): [(seq, log P)] best first."""
+def reference_beam(lp, beam, min_logp=None):
+    """Textbook prefix beam search with dicts: [(seq, log P)] best first. min_logp: a prefix grows only by tokens
+    at or above it or the frame's best (mass still flows into an extension already in the beam)."""
     lp = np.asarray(lp, np.float64)
     beams = {(): (0.0, -np.inf)}
     for row in lp:
         nxt = {}
+        tried = [min_logp is None or row[c] >= min_logp or c == row.argmax() for c in range(len(row))]
 
         def add(p, pb, pnb):
             ob, onb = nxt.get(p, (-np.inf, -np.inf))
@@ -226,23 +228,29 @@ def reference_beam(lp, beam):
             ab = np.logaddexp(pb, pnb)
             add(p, ab + row[0], pnb + row[p[-1]] if p else -np.inf)
             for c in range(1, len(row)):
-                add(p + (c,), -np.inf, (pb if p and p[-1] == c else ab) + row[c])
+                if tried[c] or p + (c,) in beams:
+                    add(p + (c,), -np.inf, (pb if p and p[-1] == c else ab) + row[c])
         beams = dict(sorted(nxt.items(), key=lambda kv: -np.logaddexp(*kv[1]))[:beam])
     return sorted(((s, np.logaddexp(*v)) for s, v in beams.items()), key=lambda kv: -kv[1])
 
 
-@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("beam", [1, 4, 8])
 def test_pruned_beam_equals_dict_reference_and_greedy(beam):
+    """Beam 8 also runs the search's narrow steps (half the beam where no more entries live, only the tried
+    candidates with token pruning): the same n-best as the dict reference."""
     rng = np.random.default_rng(beam)
+    three = rng.normal(size=(3, 30, 6)) * 0.3 + 6.0 * (rng.random((3, 30, 6)).argsort(-1) < 3)   # 3 close tokens
     inputs = [jax.nn.log_softmax(jnp.asarray(rng.normal(size=(3, 30, 6)) * 2, jnp.float32), axis=-1),
-              peaky(rng, 3, 30, 6)]
+              peaky(rng, 3, 30, 6), jax.nn.log_softmax(jnp.asarray(three, jnp.float32), axis=-1)]
     pad = np.zeros((3, 30), np.float32)
+    pruned = dict(token_topk=5, token_min_logp=-3.5, blank_frames="full")
     for lp in inputs:
-        got = nbest_lists(ctc_prefix_beam_search(lp, pad, beam))
-        for b in range(3):
-            ref = reference_beam(lp[b], beam)
-            assert [g[0] for g in got[b]] == [list(s) for s, _ in ref]
-            np.testing.assert_allclose([g[1] for g in got[b]], [v for _, v in ref], rtol=1e-4, atol=1e-4)
+        for kw, min_logp in [({}, None)] + ([(pruned, -3.5)] if beam == 8 else []):
+            got = nbest_lists(ctc_prefix_beam_search(lp, pad, beam, **kw))
+            for b in range(3):
+                ref = reference_beam(lp[b], beam, min_logp)
+                assert [g[0] for g in got[b]] == [list(s) for s, _ in ref]
+                np.testing.assert_allclose([g[1] for g in got[b]], [v for _, v in ref], rtol=1e-4, atol=1e-4)
     # beam 1 on peaky logits (as a trained CTC model's) is the greedy path; on flat logits it need not be
     if beam == 1:
         lp = inputs[1]

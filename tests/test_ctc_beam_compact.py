@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jasr.ctc_beam import ctc_prefix_beam_search, nbest_lists
+from jasr.ctc_beam_plan import top_rows
 from jasr.lexicon import make_lexicon, make_lm_lookahead
 from tests.test_ctc_beam import SPACE, random_lm
 
@@ -75,3 +76,15 @@ def test_exact_blank_frames_lose_nothing_and_jit_folds_on_device():
     assert_same(compact, full)
     jitted = jax.jit(lambda x, p: ctc_prefix_beam_search(x, p, 4, token_topk=V - 1, **kw))(lp, pad)
     assert_same(jitted, compact)
+
+
+def test_top_rows_equals_lax_top_k_with_ties_and_minus_inf():
+    """The search's rank-based top-k (short rows) picks as jax.lax.top_k: ties and -inf entries by lower index."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4, 3, 17)).astype(np.float32)
+    x[..., ::4] = -np.inf
+    x[..., 5] = x[..., 2]                                           # ties
+    x[0, 0] = -np.inf                                               # a row of -inf only
+    for k in (1, 8, 17):
+        for got, want in zip(top_rows(jnp.asarray(x), k), jax.lax.top_k(jnp.asarray(x), k)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
