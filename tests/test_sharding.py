@@ -142,10 +142,11 @@ TRAIN_CHECKS = textwrap.dedent('''
         for k, v in {"data.train_manifest": manifest, "data.speakers_dev": "()", "data.speed_perturb": "()",
                      "data.gain_db": "()", "data.spec_augment": "False", "data.max_frames": "2400",
                      "data.num_buckets": "1", "data.max_batch_size": "8", "model.d_model": "32",
-                     "model.num_layers": "1", "model.num_heads": "2", "model.ff_mult": "2", "model.conv_kernel": "7",
+                     "model.num_layers": "2", "model.scan_layers": "True", "model.num_heads": "2",
+                     "model.ff_mult": "2", "model.conv_kernel": "7",
                      "model.subsampling_channels": "8", "model.dropout_rate": "0.0", "model.ff_dropout_rate": "0.0",
                      "optim.warmup_steps": "0", "optim.schedule": "constant", "optim.lr": "1e-3",
-                     "train.num_steps": "4", "train.log_every": "1", "train.checkpoint_every": "2",
+                     "train.num_steps": "6", "train.log_every": "1", "train.checkpoint_every": "2",
                      "train.stop_after": str(stop_after), "train.progress": "False", "train.tensorboard": "False",
                      "train.async_checkpoint": "False", **{f"mesh.{a}": str(n) for a, n in mesh.items()}}.items():
             apply_override(cfg, k, v)
@@ -160,9 +161,10 @@ TRAIN_CHECKS = textwrap.dedent('''
     ref = losses(one)
     moved = os.path.join(tmp, "moved")
     train(config({"data": -1}, stop_after=2), moved, root=".")              # 8-way data parallel, 2 steps
-    train(config({"data": 2, "fsdp": 2, "tensor": 2}), moved, root=".")      # resumed on another mesh
+    train(config({"data": 2, "fsdp": 2, "tensor": 2}, stop_after=2), moved, root=".")   # resumed on another mesh
+    train(config({"pipeline": 2, "data": 4}), moved, root=".")              # and pipelined over 2 stages
     got = losses(moved)
-    assert sorted(ref) == sorted(got) == [1, 2, 3, 4], (ref, got)
+    assert sorted(ref) == sorted(got) == [1, 2, 3, 4, 5, 6], (ref, got)
     for s in ref:
         assert abs(got[s] - ref[s]) <= 1e-4 * abs(ref[s]), (s, got[s], ref[s])
 
@@ -185,19 +187,21 @@ TRAIN_CHECKS = textwrap.dedent('''
 
 
 def test_training_under_meshes_and_resuming_on_another_mesh():
-    """train() on one device, and on 8 (data parallel) stopped after 2 steps and resumed under dp2 x fsdp2 x tp2
-    from the checkpoint the first mesh wrote: the same losses step by step; decoding spread over 8 devices gives the
-    one-device transcripts."""
+    """train() on one device, and on 8 (data parallel) stopped after 2 steps, resumed under dp2 x fsdp2 x tp2 for 2
+    more and then pipelined (pp2 x dp4, the scanned layers as 2 stages) from the checkpoints the meshes before wrote:
+    the same losses step by step; decoding spread over 8 devices gives the one-device transcripts."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", TRAIN_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
     assert "[train] mesh {'pipeline': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 of 8 devices" in r.stdout
     assert "[train] mesh {'pipeline': 1, 'data': 8, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout
-    assert "resumed from" in r.stdout and "at step 2" in r.stdout
-    # per-device memory of the state: replicated under data parallelism, split under fsdp x tensor
+    assert "[train] mesh {'pipeline': 2, 'data': 4, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout
+    assert "resumed from" in r.stdout and "at step 2" in r.stdout and "at step 4" in r.stdout
+    # per-device memory of the state: replicated under data parallelism, split under fsdp x tensor; the stacked
+    # layers split over the pipeline stages
     mib = [float(m) for m in re.findall(r"per device: ([0-9.]+) MiB of parameters", r.stdout)]
-    assert len(mib) == 3 and mib[0] == mib[1] > mib[2] > 0, mib     # one device, dp=8, dp2 x fsdp2 x tp2
+    assert len(mib) == 4 and mib[0] == mib[1] > mib[2] > 0 and mib[0] > mib[3] > 0, mib   # 1, dp8, dp2xfsdp2xtp2, pp2
 
 
 def test_families_that_unbox_their_params_still_name_them():
