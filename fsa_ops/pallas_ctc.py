@@ -5,9 +5,9 @@ rows, as in `fsa_ops.ctc_log`), and each program loops over the T frames inside 
 row's scores [S'] (S' = S rounded up to a power of two) in registers, float32, in the log semiring
 (three-way log-add with one max) or the tropical one (max: Viterbi scores). Per frame it reads the
 row's emissions, writes the incoming sums (before the frame's emission) to the table and the
-frame's log-scale (the row's max, subtracted at the next frame) to the scales, exactly as
-`fsa_ops.ctc_log.run_log` does, so that the gradient code downstream is shared and the numbers are
-the XLA path's (float32 rounding aside).
+frame's log-scale (the row's max, subtracted at the next frame) to the scales; `fsa_ops.ctc_log`
+turns that into the (alpha, beta) tables of its XLA loop (alpha adds the emission back), so that the
+gradient code downstream is shared and the numbers are the XLA path's (float32 rounding aside).
 
 The shift of the row by one and two states goes through a per-row scratch row in memory (written
 at offset 2, read back at offsets 0..4) between two barriers (`debug_barrier`: the threads of a
@@ -96,7 +96,7 @@ def _kernel(lp_ref, valid_ref, skip_ref, init_ref, table_ref, scale_ref, last_re
 @functools.partial(jax.jit, static_argnames=("batch", "semiring", "interpret", "num_warps"))
 def ctc_loop_pallas(lp_rows, valid_rows, skip, init, *, batch: int, semiring: str = "log",
                     interpret: bool = False, num_warps: int = 4):
-    """The frame loop of `fsa_ops.ctc_log.run_log` as one Pallas launch.
+    """The CTC frame loop of `fsa_ops.ctc_log.run_log` as one Pallas launch (its own table layout, below).
 
     lp_rows [R, T, S] float32: row r's emissions in loop order (forward rows frame t, backward rows
     frame T-1-t; natural state order; -inf on padding states); valid_rows [R, T] bool (loop order);
