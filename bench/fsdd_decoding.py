@@ -171,10 +171,21 @@ NOTES = {
     "fsdd_s7_ema": "EMA 0.995 alone (otherwise the baseline's recipe; trained last, on a less loaded machine)",
     "fsdd_s7_fmask": "as fsdd_s7_vtlp_ema + frequency masks up to 14 of 40 bins: lexicon + grammar 18.4 % (raw "
                      "params 19.4 %), dev loss 0.466",
+    "fsdd_s8_word": "word-level CTC: one token per digit word (configs/fsdd_words.model, a SentencePiece 'word' model, "
+                    "12 ids with blank and unk; not tracked, the same bytes each time from `python -c \"from "
+                    "jasr.tokenizers import SentencePieceTokenizer as S; S.train('ZERO ONE TWO THREE FOUR FIVE SIX "
+                    "SEVEN EIGHT NINE'.split(), 12, model_type='word').save('configs/fsdd_words.model')\"`)",
+    "fsdd_s8_word_small": "as runs/fsdd_s8_word with d_model 64 (0.45M parameters) and EMA 0.995",
+    "fsdd_s8_speq": "speaker-level mean normalisation on the waveform: `python bench/fsdd_speaker_eq.py` first (each "
+                    "speaker's recordings filtered so that the speaker's long-term log spectrum becomes the training "
+                    "speakers' mean; theo's filter from theo's own unlabelled recordings); per-utterance CMVN off "
+                    "(it would cancel a per-speaker filter), EMA 0.995",
+    "fsdd_s8_nonorm": "control for runs/fsdd_s8_speq: per-utterance CMVN off on the original audio, EMA 0.995; "
+                      "stopped early (killed to leave the loaded CPU to runs/fsdd_s8_speq)",
 }
 
-# what the runs above show (2026-12-07, measured on the held-out speaker theo)
-FINDINGS = (
+# what the runs above show (2026-12-07, measured on the held-out speaker theo), by --findings key
+FINDINGS = {"s7": (
     "Goal (<= 10 % WER) not reached: the best figure stays `runs/fsdd_more` (14.8 %, lexicon + grammar, 2400 steps "
     "with a warm restart); at configs/fsdd.py's 1200 steps no recipe tried beat the baseline's 17.0 %. The errors "
     "are this speaker's /t/: with VTLP + EMA, TWO is wrong 39/50 (SIX 19, THREE 14, ZERO 6) and EIGHT 18/50 (SIX). "
@@ -183,7 +194,8 @@ FINDINGS = (
     "parameters helps on the same checkpoint (lexicon + grammar 17.2 vs 18.2 % and 18.4 vs 19.4 %; greedy "
     "23.8 vs 23.8 % and 25.2 vs 25.6 %) and early in training (greedy 35.2 % at step 400 against 55.8 % for "
     "runs/fsdd), but VTLP and wider frequency masks, which lower the dev loss (0.594 and 0.466 against 0.659), "
-    "do not lower the WER at 1200 steps.")
+    "do not lower the WER at 1200 steps."),
+}
 
 
 
@@ -219,10 +231,15 @@ def main(argv):
     p.add_argument("--tried", nargs="*", default=[], help="runs of configs/fsdd.py for the recipes-tried table")
     p.add_argument("--output", default=OUT)
     p.add_argument("--append", action="store_true", help="add the tables to --output instead of rewriting it")
+    p.add_argument("--findings", choices=sorted(FINDINGS), default=None,
+                   help="the paragraph of findings written at the end (default: s7 unless --append)")
     a = p.parse_args(argv)
+    if a.findings is None and not a.append:
+        a.findings = "s7"
     enable_compilation_cache(ROOT)
     cmd = (f"python bench/fsdd_decoding.py --workdir {' '.join(a.workdir)} --checkpoint {' '.join(a.checkpoint)}"
-           f"{' --tried ' + ' '.join(a.tried) if a.tried else ''}{' --append' if a.append else ''}")
+           f"{' --tried ' + ' '.join(a.tried) if a.tried else ''}{' --append' if a.append else ''}"
+           f"{' --findings ' + a.findings if a.findings and a.append else ''}")
     lines = [] if a.append else [
         "## FSDD held-out speaker: decoding methods",
         "",
@@ -241,7 +258,9 @@ def main(argv):
         for c in a.checkpoint:
             lines += measure(w, c)
     if a.tried:
-        lines += tried_rows(a.tried) + ([] if a.append else [FINDINGS, ""])
+        lines += tried_rows(a.tried)
+    if a.findings:
+        lines += [FINDINGS[a.findings], ""]
     os.makedirs(os.path.dirname(a.output), exist_ok=True)
     with open(a.output, "a" if a.append else "w") as f:
         f.write(("\n" if a.append else "") + "\n".join(lines))
