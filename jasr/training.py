@@ -168,7 +168,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     # only process 0 writes the run's logs; the others log into a scratch folder of their own
     log_dir = workdir if main else tempfile.mkdtemp(prefix=f"jasr-process{jax.process_index()}-")
     logger = TrainLogger(log_dir, t.num_steps, start, progress=t.progress and main, tensorboard=t.tensorboard and main)
-    skips = SkipLog(log_dir, start, echo=logger.write)
+    # (a file that fails to load on another process is named on that process's stderr)
+    skips = SkipLog(log_dir, start, echo=logger.write if main else functools.partial(print, file=sys.stderr,
+                                                                                    flush=True))
     counts = functools.partial(_counts, skips, data, train_loader, dev_loader)
     logger.log_data(start, _log_left_out(skips, data, train_loader, dev_loader, logger.write,
                                          cfg.data.max_bad_fraction))
