@@ -163,11 +163,11 @@ CHECKS = textwrap.dedent('''
                 return total / weight
             return f
         ref = jax.jit(jax.value_and_grad(loss_of(ref_task)))(params, batch)
+        boxed = jax.eval_shape(ref_task.init_boxed, jax.random.PRNGKey(0), batch)["params"]   # same tree pipelined
         for mesh, policy in zip(MESHES, policies):
             cfg = config(name, {**overrides, "model.remat_policy": policy}, mesh)
             task = build_task(cfg, vocab, feature_config(cfg))
             assert task.model.stack.stages == 2, task.model.stack
-            boxed = jax.eval_shape(task.init_boxed, jax.random.PRNGKey(0), batch)["params"]
             compare((name, mesh, policy), ref, sharded_loss_and_grads(loss_of(task), boxed, params, batch, mesh))
         print(name, "ok", flush=True)
 
