@@ -13,8 +13,9 @@ state per device is summed from the shard shapes. The compiled program is XLA:CP
 schedules differently, so temporaries there differ (arguments and outputs do not).
 
 Step time: only a scaled-down model (Whisper: d_model 256, 2 + 2 layers, 8 heads, large-v3's vocabulary and
-128 mel bins; Wav2Vec2: hidden 256, 2 layers, 8 heads) with real arrays fits this machine; 8 host "devices" share
-its CPU cores, so the times compare meshes on one machine and say nothing about accelerators.
+128 mel bins; Wav2Vec2: hidden 256, 2 layers, 8 heads; float32 + remat by default: without remat the small
+Whisper's XLA:CPU temporaries pass 10 GB) with real arrays fits this machine; 8 host "devices" share its CPU cores,
+so the times compare meshes on one machine and say nothing about accelerators.
 
 Meshes (8 devices): dp=8, fsdp=8, tp=2 x fsdp=4, tp=8, dp=2 x fsdp=4, pp=2 x dp=4, pp=2 x fsdp=4; each with
 float32, bfloat16 compute (train.precision; params and optimizer state stay float32) and bfloat16 + remat
@@ -34,6 +35,7 @@ if "jax" not in sys.modules:        # 8 host devices unless the caller chose (th
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
+import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
@@ -55,7 +57,8 @@ from jasr.tokenizers import load_tokenizer  # noqa: E402
 MESHES = {"1 device": {"data": 1}, "dp=8": {"data": 8}, "fsdp=8": {"fsdp": 8},
           "tp=2 x fsdp=4": {"tensor": 2, "fsdp": 4}, "tp=8": {"tensor": 8}, "dp=2 x fsdp=4": {"data": 2, "fsdp": 4},
           "pp=2 x dp=4": {"pipeline": 2, "data": 4}, "pp=2 x fsdp=4": {"pipeline": 2, "fsdp": 4}}
-VARIANTS = {"fp32": ("float32", False), "bf16": ("bfloat16", False), "bf16+remat": ("bfloat16", True)}
+VARIANTS = {"fp32": ("float32", False), "bf16": ("bfloat16", False), "bf16+remat": ("bfloat16", True),
+            "fp32+remat": ("float32", True)}
 
 # large-v3: 32 + 32 layers, d_model 1280, 20 heads, ffn 5120, 128 mel bins, 51866 tokens (1.55 B parameters)
 WHISPER = {"large": dict(vocab_size=51866, num_mel_bins=128, d_model=1280, encoder_layers=32, decoder_layers=32,
@@ -185,9 +188,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "scale.md"))
     p.add_argument("--models", default="whisper,wav2vec2")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="memory rows: precision / remat variants")
+    p.add_argument("--variants", default="fp32,bf16+remat,bf16", help="memory rows: precision / remat variants")
     p.add_argument("--meshes", default=",".join(m for m in MESHES if m != "1 device"))
-    p.add_argument("--time-variants", default="fp32", help="step-time rows ('' for none)")
+    p.add_argument("--time-variants", default="fp32+remat", help="step-time rows ('' for none; without remat the "
+                   "small Whisper's XLA:CPU temporaries exceed 10 GB)")
     a = p.parse_args(argv)
     if jax.device_count() < 8:
         sys.exit(f"bench/scale.py needs 8 devices, got {jax.device_count()} (set XLA_FLAGS="
@@ -195,7 +199,7 @@ def main(argv=None):
     models, meshes = a.models.split(","), a.meshes.split(",")
     variants = [v for v in a.variants.split(",") if v]
     cmd = "XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python bench/scale.py " + \
-        " ".join(sys.argv[1:] if argv is None else argv)
+        shlex.join(sys.argv[1:] if argv is None else argv)
     mem, times = [], []
     for model in models:
         for variant in variants:
