@@ -3,8 +3,9 @@
 ``import jasr`` gives the user-facing names: the losses, audio loading and features, tokenizers, the data pipeline,
 decoding (search, LMs, graphs, long files) and metrics. Lattice algorithms live in :mod:`fsa_ops` (k2 names),
 networks in :mod:`models`; the model families in :mod:`jasr.tasks`, the pure train/eval steps in :mod:`jasr.steps`,
-a run's data in :mod:`jasr.run_data`, meshes and sharding in :mod:`jasr.sharding` and the training loop in
-:mod:`jasr.training` (driven by ``train.py``).
+a run's data in :mod:`jasr.run_data`, meshes and sharding in :mod:`jasr.sharding`, several hosts
+(``jax.distributed``, per-process batches) in :mod:`jasr.distributed` and the training loop in :mod:`jasr.training`
+(driven by ``train.py``); layer stacks (remat policies, pipeline stages) in :mod:`models.layer_stack`.
 """
 from jasr.audio import AudioError, audio_info, load_audio, resample
 from jasr.augment import AudioAugment, spec_augment
