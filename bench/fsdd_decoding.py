@@ -181,7 +181,7 @@ NOTES = {
                     "speakers' mean; theo's filter from theo's own unlabelled recordings); per-utterance CMVN off "
                     "(it would cancel a per-speaker filter), EMA 0.995",
     "fsdd_s8_nonorm": "control for runs/fsdd_s8_speq: per-utterance CMVN off on the original audio, EMA 0.995; "
-                      "stopped early (killed to leave the loaded CPU to runs/fsdd_s8_speq)",
+                      "killed before its first logged step to leave the loaded CPU to runs/fsdd_s8_speq: no figure",
 }
 
 # what the runs above show (2026-12-07, measured on the held-out speaker theo), by --findings key
@@ -195,6 +195,27 @@ FINDINGS = {"s7": (
     "23.8 vs 23.8 % and 25.2 vs 25.6 %) and early in training (greedy 35.2 % at step 400 against 55.8 % for "
     "runs/fsdd), but VTLP and wider frequency masks, which lower the dev loss (0.594 and 0.466 against 0.659), "
     "do not lower the WER at 1200 steps."),
+    "s8": (
+    "Session 8 (recipes, 1200 steps each): goal (<= 10 %) not reached; no recipe beat the character baseline at "
+    "1200 steps (17.0 %, runs/fsdd; 16.8 % with EMA) or runs/fsdd_more (14.8 %). Word-level CTC (one token per "
+    "digit word, every method gives the same transcript) learns faster (greedy 42.6 / 32.8 / 23.6 % at steps "
+    "200 / 400 / 600 against 73.8 / 55.8 / 38.4 %) but ends at 19.2 % (d_model 96) and 19.6 % (d_model 64 + EMA; "
+    "raw params 19.8 %). Speaker-level mean normalisation on the waveform (runs/fsdd_s8_speq: each speaker's "
+    "long-term spectrum equalised, theo's from theo's own unlabelled recordings; per-utterance CMVN off, EMA) "
+    "also learns faster (greedy 26.6 % at step 600, dev loss 0.458 against 0.659 for runs/fsdd at 1200) but ends "
+    "at 18.4 % lexicon + grammar (greedy 22.2 %). Why it was tried: a linear probe (a one-off check, not in the "
+    "repo: scikit-learn logistic regression on the "
+    "40-bin log-mel resampled to 12 frames, trained on the three training speakers) errs on 38.2 % of theo's "
+    "utterances with per-utterance CMVN, 17.0 % with per-speaker CMVN, 17.4 % with per-speaker CMN and 18.8 % on "
+    "the equalised audio without normalisation (theo's TWO right 10/50 against 26/50): the gain is real for a "
+    "linear model but the Conformer does not keep it. Averaging the two kept checkpoints (icefall's --avg; "
+    "averaged_run, what `--checkpoint avg2` decodes, called once for the lexicon + grammar row only; the "
+    "checkpoints are 200-400 steps apart) did not help: 19.4 % against 19.2 % (runs/fsdd_s8_word) and 18.8 % "
+    "against 16.8 % (runs/fsdd_s7_ema). What bounds the WER: theo's aspirated /t/ in "
+    "every recipe. TWO is wrong 33-39 times of 50 (read as SIX, THREE, SEVEN) and EIGHT 5-31 times (always SIX); "
+    "these two words alone are 8-13 points of WER, so <= 10 % needs /t/ nearly solved, and none of the three "
+    "training speakers produces theo's /t/ (its 3-4 kHz burst): the evidence is missing from the training data, "
+    "not from the decoder (every lexicon/graph method is within 0.4 point of the others on the same checkpoint)."),
 }
 
 
@@ -225,7 +246,8 @@ def tried_rows(workdirs: list[str]) -> list[str]:
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", nargs="+", default=["runs/fsdd"], help="one or more runs of configs/fsdd.py")
+    p.add_argument("--workdir", nargs="*", default=["runs/fsdd"],
+                   help="runs of configs/fsdd.py to decode (none: only --tried / --findings)")
     p.add_argument("--checkpoint", nargs="+", default=["best"],
                    help="best, latest, a step or avgN (the mean of the last N kept checkpoints); each: a table")
     p.add_argument("--tried", nargs="*", default=[], help="runs of configs/fsdd.py for the recipes-tried table")
@@ -237,7 +259,8 @@ def main(argv):
     if a.findings is None and not a.append:
         a.findings = "s7"
     enable_compilation_cache(ROOT)
-    cmd = (f"python bench/fsdd_decoding.py --workdir {' '.join(a.workdir)} --checkpoint {' '.join(a.checkpoint)}"
+    cmd = (f"python bench/fsdd_decoding.py --workdir{''.join(' ' + w for w in a.workdir)}"
+           f"{' --checkpoint ' + ' '.join(a.checkpoint) if a.workdir else ''}"
            f"{' --tried ' + ' '.join(a.tried) if a.tried else ''}{' --append' if a.append else ''}"
            f"{' --findings ' + a.findings if a.findings and a.append else ''}")
     lines = [] if a.append else [
