@@ -1,8 +1,9 @@
 """Tensor-parallel decoding (decode.py --mesh-tensor / --mesh-fsdp, jasr.transcribe.decode_mesh): a tiny random
 Wav2Vec2-CTC and a tiny random Whisper (Hugging Face directories written by transformers, loaded as decode.py
---hf-model loads them) decode FSDD digits on 8 host CPU devices with the parameters sharded over tensor = 2 (data
-4), tensor = 8, and fsdp 2 x tensor 2 (data 2): the transcripts, scores and WER of one device, with fewer
-parameter bytes per device.
+--hf-model loads them) decode six FSDD digits on 8 host CPU devices with the parameters sharded over tensor = 2 (data
+4) and tensor = 8 (and, for Wav2Vec2, fsdp 2 x tensor 2, data 2): the transcripts, tokens, scores (CTC greedy)
+and WER of one device, with fewer parameter bytes per device. Whisper decodes long-form greedily at one temperature
+(a random model would fail every fallback test and sample at all six).
 
 The 8 devices exist only in a fresh interpreter started with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``,
 so the checks run in one subprocess.
