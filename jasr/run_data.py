@@ -35,6 +35,7 @@ from jasr.features import WHISPER_CHUNK_SAMPLES, WHISPER_SAMPLE_RATE, FeatureCon
 from jasr.manifests import Utterance, check_utterances, read_manifest
 from jasr.sharding import mesh_shape
 from jasr.tasks import Task, family
+from jasr.tasks.base import stack_options
 from jasr.tokenizers import CharTokenizer, load_tokenizer
 
 NO_TRANSCRIPT = "<no transcript>"
@@ -163,12 +164,19 @@ def mesh_batch_devices(cfg: ml_collections.ConfigDict) -> int:
     return shape["data"] * shape["fsdp"]
 
 
+def batch_row_multiple(cfg: ml_collections.ConfigDict) -> int:
+    """What a training/eval batch's rows are a multiple of: the mesh's data x fsdp devices, times the pipeline's
+    microbatches when the layer stacks are pipelined (so that no row is padded inside the pipelined step)."""
+    stack = stack_options(cfg)
+    return mesh_batch_devices(cfg) * (stack.num_microbatches if stack.stages > 1 else 1)
+
+
 def batch_config(cfg: ml_collections.ConfigDict) -> BatchConfig:
     d = cfg.data
     return BatchConfig(max_frames=d.max_frames,
                        bucket_boundaries=tuple(d.bucket_boundaries) or None, num_buckets=d.num_buckets,
                        label_pad_multiple=d.label_pad_multiple, max_batch_size=d.max_batch_size or None,
-                       batch_pad_multiple=mesh_batch_devices(cfg),
+                       batch_pad_multiple=batch_row_multiple(cfg),
                        subsampling=family(cfg.model.name).subsampling(cfg),
                        ctc_alignment=cfg.loss.type in ("ctc", "joint"),
                        drop_unfit=d.drop_unfit, drop_too_long=d.drop_too_long,

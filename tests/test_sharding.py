@@ -165,6 +165,10 @@ TRAIN_CHECKS = textwrap.dedent('''
     train(config({"pipeline": 2, "data": 4}), moved, root=".")              # and pipelined over 2 stages
     got = losses(moved)
     assert sorted(ref) == sorted(got) == [1, 2, 3, 4, 5, 6], (ref, got)
+    # batch rows: multiples of data x fsdp, times the microbatches when pipelined (no row padded inside the step)
+    from jasr.run_data import batch_row_multiple
+    assert [batch_row_multiple(config(m)) for m in ({"data": -1}, {"pipeline": 2, "data": 4},
+            {"pipeline": 2, "data": 4, "microbatches": 4}, {"data": 2, "fsdp": 2, "tensor": 2})] == [8, 8, 16, 4]
     for s in ref:
         assert abs(got[s] - ref[s]) <= 1e-4 * abs(ref[s]), (s, got[s], ref[s])
 
