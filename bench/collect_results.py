@@ -26,6 +26,8 @@ SECTIONS = [
     ("fsdd_decoding.md", "FSDD held-out speaker WER per decoding method (issue: decoding)",
      "python bench/fsdd_decoding.py --workdir runs/fsdd"),
     ("models.md", "Whisper / Wav2Vec2 in jasr vs transformers (issue: models)", "./run.sh bench models"),
+    ("scale.md", "per-device memory and step time of Whisper large-v3- and Wav2Vec2-large-sized training steps under dp / fsdp / tp / pp meshes on 8 host devices (issue: scale)",
+     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/scale.py"),
 ]
 
 

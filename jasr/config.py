@@ -161,6 +161,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.decode.chunk_seconds = 10.0       #   CTC heads over windows of chunk_seconds ...
     c.decode.context_seconds = 2.0      #   ... with this much context on each side (kept out of the output)
     c.decode.segment_seconds = 20.0     #   attention decoders: pieces of at most this, cut at quiet points
+    c.decode.mesh_tensor = 1            # decode with the parameters sharded over this many local devices (tensor)
+    c.decode.mesh_fsdp = 1              #   ... and fsdp (a model too large for one device); batches: the rest
     return c
 
 
