@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from host_devices import assert_printed_ok, run_with_host_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NB = os.path.join(ROOT, "notebooks")
@@ -98,9 +99,7 @@ def test_04_sharding_whisper():
     code = (f"import sys; sys.path.insert(0, {here!r}); import test_notebooks as t; "
             f"ns = t.run_notebook('04_sharding_whisper.ipynb'); "
             f"assert ns['mesh'].size == 8 and dict(ns['mesh'].shape)['tensor'] == 2; print('OK')")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+    assert_printed_ok(run_with_host_devices(code))
 
 
 def _shell_commands(nb):

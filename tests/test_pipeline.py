@@ -5,8 +5,6 @@ gradient under pp=2 x dp=4 and dp=2 x tp=2 x pp=2 on 8 host CPU devices equal th
 The 8 devices exist only in a fresh interpreter started with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``,
 so the sharded checks run in one subprocess (as in test_sharding.py)."""
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,6 +14,7 @@ import pytest
 
 from jasr.config import ConfigError, apply_override, load_config_file, validate_config
 from models.layer_stack import StackOptions, checkpoint_policy, pipeline_layers
+from host_devices import assert_printed_ok, run_with_host_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -243,9 +242,5 @@ CHECKS = textwrap.dedent('''
 
 def test_pipelined_families_equal_the_unpipelined_model():
     # 20 programs to compile: XLA's cheapest CPU code generation (the numbers are the same up to rounding)
-    flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 " \
-            "--xla_llvm_disable_expensive_passes=true"
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
+    assert_printed_ok(run_with_host_devices(
+        CHECKS, xla_flags="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"))

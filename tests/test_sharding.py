@@ -7,8 +7,6 @@ checks run in one subprocess; the rest of the suite keeps one device.
 """
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -19,6 +17,7 @@ from jasr.config import apply_override, load_config_file
 from jasr.run_data import dummy_batch, feature_config, raw_audio_batches
 from jasr.sharding import logical_specs, mesh_shape
 from jasr.tasks import build_task
+from host_devices import assert_printed_ok, run_with_host_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,10 +113,7 @@ CHECKS = textwrap.dedent('''
 
 
 def test_sharded_step_equals_single_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
+    assert_printed_ok(run_with_host_devices(CHECKS))
 
 
 TRAIN_CHECKS = textwrap.dedent('''
@@ -194,10 +190,8 @@ def test_training_under_meshes_and_resuming_on_another_mesh():
     """train() on one device, and on 8 (data parallel) stopped after 2 steps, resumed under dp2 x fsdp2 x tp2 for 2
     more and then pipelined (pp2 x dp4, the scanned layers as 2 stages) from the checkpoints the meshes before wrote:
     the same losses step by step; decoding spread over 8 devices gives the one-device transcripts."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", TRAIN_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=1200)
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-3000:] + r.stderr[-6000:]
+    r = run_with_host_devices(TRAIN_CHECKS, timeout=1200)
+    assert_printed_ok(r)
     assert "[train] mesh {'pipeline': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 of 8 devices" in r.stdout
     assert "[train] mesh {'pipeline': 1, 'data': 8, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout
     assert "[train] mesh {'pipeline': 2, 'data': 4, 'fsdp': 1, 'tensor': 1} over 8 of 8 devices" in r.stdout

@@ -8,14 +8,11 @@ starts), so one subprocess runs every case (one program per family and mesh) and
 parametrized tests below read them. Pipeline meshes are tested in tests/test_pipeline.py.
 """
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from host_devices import run_with_host_devices
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("conformer_ctc", "conformer_aed", "wav2vec2_ctc", "wav2vec2_pretrain", "whisper")
 MESHES = {"dp8": {"data": 8}, "fsdp8": {"fsdp": 8}, "tp2_dp4": {"tensor": 2, "data": 4}}
 
@@ -126,10 +123,7 @@ CHECKS = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".cache", "jax"))   # reruns reuse the programs
-    r = subprocess.run([sys.executable, "-c", CHECKS, json.dumps(MESHES), json.dumps(FAMILIES)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = run_with_host_devices(CHECKS, json.dumps(MESHES), json.dumps(FAMILIES))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     return {(x["family"], x["mesh"]): x for x in recs if "mesh" in x}, {x["family"]: x for x in recs if "mesh" not in x}
