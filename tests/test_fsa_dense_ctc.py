@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import torch
 
 from fsa_ops.dense import DenseFsaVec, dense_tot_scores
 from fsa_ops.graph_ctc import ctc_loss
@@ -139,7 +140,6 @@ def test_twenty_thousand_frames_give_finite_lattice_losses_and_gradients():
     equals torch in float64, for peaky ('trained') and N(0, 1) log-probs,
     with finite gradients; dense_tot_scores over ctc_topo (every sequence: total log 1 = 0, the
     state-labelled layout) stays ~0 with a ~0 gradient after 20000 frames."""
-    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(26)
     Bn, Tn, Cn = 2, 20000, 5
     labels = [[1, 3, 2, 2, 4, 1], [2, 4, 4, 3]]
