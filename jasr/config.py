@@ -50,6 +50,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.sample_rate = 16000
     c.data.feature = "fbank"            # "fbank" | "mfcc" | "whisper" | "raw" (waveform, for wav2vec2)
     c.data.num_mel_bins = 80
+    c.data.low_freq = 20.0              # mel filter bank range in Hz (fbank/mfcc); high_freq <= 0: Nyquist + high_freq
+    c.data.high_freq = 0.0
     c.data.normalize = "utterance"      # "none" | "utterance"
     c.data.max_frames = 8000            # padded frames per batch (B * T); B per duration bucket = max_frames // T
     c.data.max_batch_size = 0           # cap on B (0 = none)
@@ -245,6 +247,11 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     _require(not (d.device_features and d.feature not in ("fbank", "mfcc", "whisper")),
              f"config 'data.device_features' needs data.feature fbank/mfcc/whisper, got {d.feature!r}")
     _require(d.num_mel_bins >= 1, f"config 'data.num_mel_bins' must be >= 1, got {d.num_mel_bins}")
+    nyquist = d.sample_rate / 2.0
+    high = d.high_freq if d.high_freq > 0 else nyquist + d.high_freq
+    _require(0.0 <= d.low_freq < high <= nyquist,
+             f"config 'data.low_freq'={d.low_freq} / 'data.high_freq'={d.high_freq} must give 0 <= low < high <= "
+             f"Nyquist ({nyquist:g} Hz; high_freq <= 0 means Nyquist + high_freq)")
     _require(d.num_workers >= 0, f"config 'data.num_workers' must be >= 0, got {d.num_workers}")
     for name in ("demo_num_train", "demo_num_dev", "demo_num_heldout", "demo_max_words"):
         _require(d[name] >= (1 if name in ("demo_num_train", "demo_max_words") else 0),

@@ -67,6 +67,8 @@ def test_bad_overrides(key, value, match):
     ("data.max_time_warp", -1, r"'data.max_time_warp' must be >= 0"),
     ("mesh.pipeline", 2, r"pipelining needs scanned layers"),
     ("mesh.data", 0, r"'mesh.data' must be >= 1 or -1"),
+    ("data.high_freq", 9000.0, r"'data.high_freq'=9000.0 must give 0 <= low < high <= Nyquist \(8000 Hz"),
+    ("data.low_freq", 8500.0, r"'data.low_freq'=8500.0"),
 ])
 def test_bad_values(key, value, match):
     cfg = load_config_file(os.path.join(ROOT, "configs", "demo.py"))
@@ -147,3 +149,22 @@ def test_spec_augment_time_masks_and_warp_from_config():
     validate_config(cfg, check_paths=False)
     fe = Frontend.from_config(cfg, FeatureConfig(kind="fbank", sample_rate=8000, num_mel_bins=40))
     assert fe.spec_augment[4:] == (0.2, 5)
+
+
+def test_mel_range_from_config():
+    """data.low_freq / high_freq reach the filter bank: a 3 kHz ceiling leaves the bins above it empty."""
+    import numpy as np
+    from jasr.features import fbank, kaldi_mel_banks
+    from jasr.tasks import family
+    cfg = load_config_file(os.path.join(ROOT, "configs", "fsdd.py"))
+    cfg.data.low_freq, cfg.data.high_freq = 100.0, 3000.0
+    validate_config(cfg, check_paths=False)
+    fc = family(cfg.model.name).feature_config(cfg)
+    assert (fc.low_freq, fc.high_freq) == (100.0, 3000.0)
+    banks = kaldi_mel_banks(fc.num_mel_bins, fc.padded_window, fc.sample_rate, fc.low_freq, fc.high_freq)
+    hz = np.arange(banks.shape[0]) * fc.sample_rate / fc.padded_window      # banks: [FFT bins, mel bins]
+    assert banks[hz > 3000.0].max() == 0.0 and banks[hz < 100.0].max() == 0.0 and banks.max() > 0.0
+    tone = np.sin(2 * np.pi * 3500.0 * np.arange(8000) / 8000.0)   # above the ceiling: nothing but leakage
+    low = fbank(tone, 8000, 40, low_freq=100.0, high_freq=3000.0)
+    full = fbank(tone, 8000, 40)
+    assert full.max() - low.max() > 5.0

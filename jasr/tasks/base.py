@@ -210,8 +210,9 @@ class Task:
         if d.feature == "raw":   # waveforms; the fbank config only sizes frames for bucketing
             return FeatureConfig(kind="fbank", sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
                                  normalize="none")
+        banks = {} if d.feature == "whisper" else dict(low_freq=d.low_freq, high_freq=d.high_freq)
         return FeatureConfig(kind=d.feature, sample_rate=d.sample_rate, num_mel_bins=d.num_mel_bins,
-                             normalize=d.normalize)
+                             normalize=d.normalize, **banks)
 
     @classmethod
     def label_fn(cls, tokenizer) -> Callable[[str], list[int]] | None:
