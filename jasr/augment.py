@@ -16,7 +16,7 @@ import soxr
 from jasr.audio import load_audio
 
 __all__ = ["spec_augment", "time_warp", "speed_perturb", "volume_perturb", "add_noise", "vtlp_warp", "vtlp",
-           "AudioAugment"]
+           "eq_curve_db", "random_eq", "AudioAugment"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -203,6 +203,41 @@ def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float |
     return y.astype(np.float32)
 
 
+def eq_curve_db(coefs: np.ndarray, num_bins: int, max_db: float) -> np.ndarray:
+    """A smooth gain curve in dB over `num_bins` frequencies from 0 to Nyquist: max_db * sum_k c_k cos(pi k f)
+    / sum_k |c_k| (k = 1..len(coefs), f in [0, 1]), so it stays within +-max_db; k = 1 is a spectral tilt, higher
+    k add broad bumps."""
+    f = np.linspace(0.0, 1.0, num_bins)
+    coefs = np.asarray(coefs, np.float64)
+    norm = np.abs(coefs).sum()
+    if norm == 0.0:
+        return np.zeros(num_bins)
+    k = np.arange(1, coefs.shape[0] + 1)
+    return max_db * (coefs[:, None] * np.cos(np.pi * k[:, None] * f[None])).sum(0) / norm
+
+
+def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands: int = 3) -> np.ndarray:
+    """Random equalisation of a waveform [n] -> float32 [n]: its spectrum (one FFT of the whole signal) times the
+    gain curve :func:`eq_curve_db` with `bands` coefficients drawn uniformly in [-1, 1], then scaled back to the
+    input's mean power, so that only the spectral balance changes (microphone, channel and voice-effort variety:
+    a tilt towards or away from the high frequencies and broad bumps)."""
+    audio = np.asarray(audio, np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"random_eq needs a mono waveform [n], got shape {audio.shape}")
+    if max_db < 0:
+        raise ValueError(f"random_eq max_db must be >= 0, got {max_db}")
+    n = audio.shape[0]
+    if max_db == 0.0 or n < 2:
+        return audio
+    spec = np.fft.rfft(audio.astype(np.float64))
+    curve = eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db)
+    y = np.fft.irfft(spec * 10.0 ** (curve / 20.0), n)
+    p_in, p_out = float(np.mean(audio.astype(np.float64) ** 2)), float(np.mean(y ** 2))
+    if p_out > 0.0:
+        y = y * np.sqrt(p_in / p_out)
+    return y.astype(np.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class AudioAugment:
     """Host-side waveform augmentation for the data loader: `aug(audio, sample_rate, rng) -> audio`.
@@ -210,7 +245,8 @@ class AudioAugment:
     speeds: factors drawn uniformly per utterance (e.g. (0.9, 1.0, 1.1)). gain_db: (low, high) uniform gain.
     noise_snr_db: (low, high) uniform SNR, applied with probability noise_prob; noise from `noise_files`
     (read with jasr.audio.load_audio) or, when none are given, white Gaussian noise. vtlp: (low, high) uniform
-    VTLP warp factor per utterance (:func:`vtlp`), applied after the speed change.
+    VTLP warp factor per utterance (:func:`vtlp`), applied after the speed change. eq_db: random equalisation
+    within +-eq_db dB (:func:`random_eq`), after VTLP.
     """
     speeds: Sequence[float] = (1.0,)
     gain_db: tuple[float, float] | None = None
@@ -218,12 +254,15 @@ class AudioAugment:
     noise_prob: float = 1.0
     noise_files: Sequence[str] = ()
     vtlp: tuple[float, float] | None = None
+    eq_db: float = 0.0
 
     def __post_init__(self):
         if not self.speeds or any(s <= 0 for s in self.speeds):
             raise ValueError(f"AudioAugment.speeds must be positive factors, got {self.speeds}")
         if self.vtlp is not None and (len(self.vtlp) != 2 or not 0 < self.vtlp[0] <= self.vtlp[1]):
             raise ValueError(f"AudioAugment.vtlp must be (low, high) with 0 < low <= high, got {self.vtlp}")
+        if self.eq_db < 0:
+            raise ValueError(f"AudioAugment.eq_db must be >= 0, got {self.eq_db}")
 
     @property
     def min_speed(self) -> float:
@@ -238,6 +277,8 @@ class AudioAugment:
         audio = speed_perturb(audio, sample_rate, speed)
         if self.vtlp is not None:
             audio = vtlp(audio, sample_rate, float(rng.uniform(*self.vtlp)))
+        if self.eq_db > 0:
+            audio = random_eq(audio, self.eq_db, rng)
         if self.gain_db is not None:
             audio = volume_perturb(audio, float(rng.uniform(*self.gain_db)))
         if self.noise_snr_db is not None and rng.random() < self.noise_prob:

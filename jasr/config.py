@@ -78,6 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.noise_prob = 0.5             # ... added to this fraction of training utterances
     c.data.vtlp = ()                    # (low, high): vocal tract length perturbation, warp factor drawn per
     #                                     training utterance (spectrum warped, tempo unchanged; host)
+    c.data.random_eq_db = 0.0           # > 0: random spectral tilt and broad bumps within +-this many dB per
+    #                                     training utterance, mean power kept (jasr.augment.random_eq; host)
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "conformer_ctc"
@@ -243,6 +245,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     _require(len(d.vtlp) in (0, 2) and all(isinstance(v, (int, float)) and 0.5 <= v <= 2.0 for v in d.vtlp)
              and (not d.vtlp or d.vtlp[0] <= d.vtlp[1]),
              f"config 'data.vtlp' must be () or (low, high) warp factors in [0.5, 2], low <= high, got {d.vtlp}")
+    _require(d.random_eq_db >= 0.0, f"config 'data.random_eq_db' must be >= 0, got {d.random_eq_db}")
     _require(0.0 <= d.noise_prob <= 1.0, f"config 'data.noise_prob' must be in [0, 1], got {d.noise_prob}")
     _require(not (d.device_features and d.feature not in ("fbank", "mfcc", "whisper")),
              f"config 'data.device_features' needs data.feature fbank/mfcc/whisper, got {d.feature!r}")

@@ -226,13 +226,13 @@ def prepare_data(cfg: ml_collections.ConfigDict, workdir: str, root: str) -> Run
 
 
 def audio_augment(d: ml_collections.ConfigDict) -> AudioAugment | None:
-    """The host-side waveform augmentation of config section `d` (speed/gain/noise/VTLP), or None when it has
+    """The host-side waveform augmentation of config section `d` (speed/gain/noise/VTLP/EQ), or None when it has
     none."""
-    if not (tuple(d.speed_perturb) or d.gain_db or d.noise_snr_db or d.vtlp):
+    if not (tuple(d.speed_perturb) or d.gain_db or d.noise_snr_db or d.vtlp or d.random_eq_db):
         return None
     return AudioAugment(speeds=tuple(d.speed_perturb) or (1.0,), gain_db=tuple(d.gain_db) or None,
                         noise_snr_db=tuple(d.noise_snr_db) or None, noise_prob=d.noise_prob,
-                        vtlp=tuple(d.vtlp) or None)
+                        vtlp=tuple(d.vtlp) or None, eq_db=float(d.random_eq_db))
 
 
 def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData, task: Task | None = None,

@@ -194,3 +194,29 @@ def test_audio_augment_vtlp():
             AudioAugment(vtlp=bad)
     with pytest.raises(ValueError, match="mono"):
         vtlp(np.zeros((2, 100), np.float32), 8000, 1.1)
+
+
+def test_random_eq_shapes_the_spectrum_within_bounds():
+    """random_eq: the ratio of output to input spectrum is the drawn gain curve (within +-max_db), the mean
+    power is kept, and max_db=0 returns the input."""
+    from jasr.augment import eq_curve_db, random_eq
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(4000).astype(np.float32)
+    np.testing.assert_array_equal(random_eq(x, 0.0, rng), x)
+    y = random_eq(x, 12.0, np.random.default_rng(5))
+    assert y.shape == x.shape and y.dtype == np.float32
+    np.testing.assert_allclose(np.mean(y.astype(np.float64) ** 2), np.mean(x.astype(np.float64) ** 2), rtol=1e-4)
+    gain_db = 20 * np.log10(np.abs(np.fft.rfft(y)) / np.abs(np.fft.rfft(x)))
+    curve = eq_curve_db(np.random.default_rng(5).uniform(-1.0, 1.0, 3), gain_db.shape[0], 12.0)
+    offset = np.median(gain_db - curve)          # the power renormalisation: one constant gain
+    np.testing.assert_allclose(gain_db - offset, curve, atol=1e-3)
+    assert np.abs(curve).max() <= 12.0 + 1e-9 and np.ptp(curve) > 3.0
+    # hand values: a pure tilt (k = 1) of +-6 dB is +6 dB at 0 Hz, 0 dB at half Nyquist, -6 dB at Nyquist
+    np.testing.assert_allclose(eq_curve_db(np.array([1.0]), 5, 6.0), [6.0, 6.0 * np.cos(np.pi / 4), 0.0,
+                                                                       -6.0 * np.cos(np.pi / 4), -6.0], atol=1e-12)
+    with pytest.raises(ValueError, match="max_db must be >= 0"):
+        random_eq(x, -1.0, rng)
+    aug = AudioAugment(eq_db=12.0)
+    assert aug(x, 8000, np.random.default_rng(1)).shape == x.shape
+    with pytest.raises(ValueError, match="eq_db must be >= 0"):
+        AudioAugment(eq_db=-1.0)

@@ -68,6 +68,7 @@ def test_bad_overrides(key, value, match):
     ("mesh.pipeline", 2, r"pipelining needs scanned layers"),
     ("mesh.data", 0, r"'mesh.data' must be >= 1 or -1"),
     ("data.high_freq", 9000.0, r"'data.high_freq'=9000.0 must give 0 <= low < high <= Nyquist \(8000 Hz"),
+    ("data.random_eq_db", -3.0, r"'data.random_eq_db' must be >= 0"),
     ("data.low_freq", 8500.0, r"'data.low_freq'=8500.0"),
 ])
 def test_bad_values(key, value, match):
