@@ -167,8 +167,12 @@ def shard_batch(batch, mesh: Mesh):
 
 
 @contextlib.contextmanager
-def mesh_context(mesh: Mesh, rules=DEFAULT_RULES):
-    """`mesh` and logical axis `rules` in effect (jit, with_logical_constraint) inside the block."""
+def mesh_context(mesh: Mesh | None, rules=DEFAULT_RULES):
+    """`mesh` and logical axis `rules` in effect (jit, with_logical_constraint) inside the block; mesh None: no
+    mesh and no rules (one device)."""
+    if mesh is None:
+        yield None
+        return
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         yield mesh
 

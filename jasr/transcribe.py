@@ -18,7 +18,6 @@ Results are dicts: ``id``, ``ref``, ``hyp``, ``tokens``, ``score``, ``duration``
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -274,12 +273,11 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
     mesh, loader_cfg = decode_mesh(run.config, settings)
     state = decode_state(run, mesh) if mesh is not None else run.state
     t0 = time.time()
-    with mesh_context(mesh, getattr(task, "logical_axis_rules", DEFAULT_RULES)) if mesh is not None else \
-            contextlib.nullcontext():
-        long_files = [] if task.transcribes_whole_files and not ctc else \
-            [u for u in ok if u.duration > settings.long_file_seconds]
+    long_files = [] if task.transcribes_whole_files and not ctc else \
+        [u for u in ok if u.duration > settings.long_file_seconds]
+    ok = [u for u in ok if u.duration <= settings.long_file_seconds] if long_files else ok
+    with mesh_context(mesh, getattr(task, "logical_axis_rules", DEFAULT_RULES)):
         if long_files:
-            ok = [u for u in ok if u.duration <= settings.long_file_seconds]
             decode_long = long_file_decoder(dataclasses.replace(run, state=state), settings, searcher, mode)
             for u in tqdm(long_files, disable=not progress, desc="decode long files", unit="file",
                           dynamic_ncols=True):
@@ -291,38 +289,8 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
             loader = make_eval_loader(loader_cfg, ok, tok, edges=run.bucket_edges, task=task, whole_files=whole)
             for r in loader.skipped:
                 results[r["id"]] = {"id": r["id"], "ref": texts.get(r["id"]) or "", "error": r["reason"]}
-            if ctc:
-                fn = jax.jit(lambda state, batch: task.ctc_log_probs(state.params, state.model_state, batch))
-            elif att_beam:
-                opts = search_options(run, settings)
-                fn = (whisper_beam_function(task, opts) if whole else
-                      jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts)))
-            else:
-                fn = decode_function(task)
             bar = tqdm(total=len(ok), disable=not progress, desc="decode", unit="utt", dynamic_ncols=True)
-            for batch in loader:
-                audio = {k: batch[k] for k in AUDIO_KEYS if k in batch}
-                if mesh is not None and not whole:
-                    audio = shard_batch(audio, mesh)
-                ids = [str(x) for x in batch["ids"]]
-                errors = batch.get("errors")
-                if ctc:
-                    lp, pads = fn(state, audio)
-                    pads_np = np.asarray(pads)
-                    if searcher.search is None:
-                        rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
-                    elif searcher.graph:
-                        score_fn = attention_scorer(task, state, audio) if searcher.needs_attention else None
-                        rows = _graph_rows(searcher, np.asarray(lp), pads_np, score_fn)
-                    else:
-                        rows = _beam_rows(searcher.search(lp, pads), pads_np)
-                elif att_beam:
-                    out = jax.device_get(fn(state, audio))
-                    rows = [_attention_row(out, r) for r in range(len(ids))]
-                else:
-                    out = jax.device_get(fn(state, audio))
-                    rows = [{"tokens": out["ids"][r, :int(out["lengths"][r])].tolist(), "nbest": []}
-                            for r in range(len(ids))]
+            for ids, errors, rows in _decoded_batches(run, settings, state, loader, mesh, searcher, mode):
                 for r, uid in enumerate(ids):
                     if not uid:
                         continue
@@ -350,6 +318,44 @@ def transcribe(run: RunInfo, utts: list[Utterance], settings: ml_collections.Con
         m["wer_by_key"] = {k: score_results([{**r, "hyp": r["rescored"][k]["text"]} if "rescored" in r else r
                                              for r in out])["wer"] for k in searcher.keys}
     return m, out
+
+
+def _decoded_batches(run: RunInfo, settings, state, loader, mesh, searcher: Searcher | None, mode: str):
+    """Yields (ids, errors or None, one row dict per batch row: tokens, n-best, ...) for each batch of `loader`,
+    decoded by `mode` ("ctc": greedy / beam / graph by `searcher`; "attention_beam"; else the family's greedy)."""
+    task = run.task
+    whole = task.transcribes_whole_files and mode != "ctc"
+    if mode == "ctc":
+        fn = jax.jit(lambda state, batch: task.ctc_log_probs(state.params, state.model_state, batch))
+    elif mode == "attention_beam":
+        opts = search_options(run, settings)
+        fn = (whisper_beam_function(task, opts) if whole else
+              jax.jit(lambda state, batch: task.beam_decode(state.params, state.model_state, batch, opts)))
+    else:
+        fn = decode_function(task)
+    for batch in loader:
+        audio = {k: batch[k] for k in AUDIO_KEYS if k in batch}
+        if mesh is not None and not whole:
+            audio = shard_batch(audio, mesh)
+        ids = [str(x) for x in batch["ids"]]
+        if mode == "ctc":
+            lp, pads = fn(state, audio)
+            pads_np = np.asarray(pads)
+            if searcher.search is None:
+                rows = _greedy_rows(np.asarray(lp), pads_np, task.blank_id)
+            elif searcher.graph:
+                score_fn = attention_scorer(task, state, audio) if searcher.needs_attention else None
+                rows = _graph_rows(searcher, np.asarray(lp), pads_np, score_fn)
+            else:
+                rows = _beam_rows(searcher.search(lp, pads), pads_np)
+        elif mode == "attention_beam":
+            out = jax.device_get(fn(state, audio))
+            rows = [_attention_row(out, r) for r in range(len(ids))]
+        else:
+            out = jax.device_get(fn(state, audio))
+            rows = [{"tokens": out["ids"][r, :int(out["lengths"][r])].tolist(), "nbest": []}
+                    for r in range(len(ids))]
+        yield ids, batch.get("errors"), rows
 
 
 def decode_mesh(cfg: ml_collections.ConfigDict, settings) -> tuple:
