@@ -115,6 +115,17 @@ def test_aed_joint_hooks(aed_run):
     assert eos == logits.shape[-1] - 1 == run.tokenizer.vocab_size and lp.shape[-1] == eos
     np.testing.assert_allclose(np.asarray(lp), _log_softmax(np.asarray(logits)[..., :eos]), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(pads), np.asarray(want_pads))
+    # greedy decoding of a joint run reads the CTC head over the tokenizer's ids only: even where the sos/eos
+    # column wins every frame (as it can early in training), no id out of the tokenizer's range comes out
+    loud = jax.tree_util.tree_map_with_path(
+        lambda path, x: x.at[..., eos].add(1e4) if "ctc_head" in jax.tree_util.keystr(path) and "bias" in
+        jax.tree_util.keystr(path) else x, params)
+    assert any("ctc_head" in jax.tree_util.keystr(p) and "bias" in jax.tree_util.keystr(p)
+               for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    ids, lengths = jax.jit(task.greedy_decode)(loud, state, batch)
+    ids, lengths = np.asarray(ids), np.asarray(lengths)
+    assert all(0 <= t < eos for r in range(ids.shape[0]) for t in ids[r, :lengths[r]])
+    assert all(run.tokenizer.decode(ids[r, :lengths[r]].tolist()) is not None for r in range(ids.shape[0]))
     # the attention decoder's teacher-forced score of whole sequences = a step-by-step scan of its KV-cache decoder
     variables = {"params": params, **state}
     seqs = [[5, 2, 7, 7, 1], [3, 1, 4]]

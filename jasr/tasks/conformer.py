@@ -215,10 +215,10 @@ class ConformerAEDTask(_FeatureTask):
     def greedy_decode(self, params, model_state, batch):
         batch = self.frontend(batch, None, False)
         variables = {"params": params, **model_state}
-        if self.joint:   # the CTC head's best path
+        if self.joint:   # the CTC head's best path, over the tokenizer's ids (the sos/eos id is no CTC output)
             _, pads, logits = self.model.apply(variables, batch["features"], batch["feature_paddings"], False,
                                                method=AEDModel.encode)
-            return ctc_greedy_decode(logits, pads, self.blank_id)
+            return ctc_greedy_decode(logits[..., :self.model.config.eos_token], pads, self.blank_id)
         toks, tpad, _ = greedy_search(self.model, variables, batch["features"], batch["feature_paddings"],
                                       self.max_tokens(batch["features"].shape[1]))
         return toks.astype(jnp.int32), jnp.sum(1.0 - tpad, axis=1).astype(jnp.int32)
