@@ -43,7 +43,8 @@ def run(tmp_path_factory):
                  "model.subsampling_channels": "8", "optim.warmup_steps": "0", "optim.schedule": "constant",
                  "train.num_steps": "2", "train.log_every": "1", "train.eval_every": "2",
                  "train.checkpoint_every": "2", "train.progress": "False", "train.tensorboard": "False",
-                 "train.async_checkpoint": "False"}.items():
+                 "train.async_checkpoint": "False", "train.ema_decay": "0.0",
+                 "data.normalize": "utterance"}.items():   # the fixture as before fsdd.py changed recipe
         apply_override(cfg, k, v)
     workdir = str(d / "run")
     train(cfg, workdir, root=ROOT)
