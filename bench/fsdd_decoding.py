@@ -194,6 +194,8 @@ NOTES = {
     "fsdd_s9_recipe": "`python train.py --config configs/fsdd.py` as shipped (seed 0)",
     "fsdd_s9_recipe_seed1": "configs/fsdd.py as shipped with seed 1 (initialisation and data order): the spread "
                             "between seeds",
+    "fsdd_s9_recipe_vtlp": "configs/fsdd.py + VTLP 0.9-1.1: lexicon + grammar 12.2 % at the latest checkpoint "
+                           "against 10.0 % without (seed 0; its seed-1 run was stopped)",
 }
 
 # what the runs above show (2026-12-07, measured on the held-out speaker theo), by --findings key
@@ -232,7 +234,8 @@ FINDINGS = {"s7": (
     "Session 9: goal (<= 10 %) reached by today's configs/fsdd.py (runs/fsdd_s9_recipe, seed 0): 10.0 % lexicon + "
     "grammar at its latest checkpoint (chosen by nothing), 9.0 % at its best one (step 1600, chosen on theo's "
     "greedy WER); seed 1 (runs/fsdd_s9_recipe_seed1) gives 13.2 % (its best checkpoint is its latest), so the "
-    "recipe reaches the goal with one of two seeds and averages 11.6 %: not safely under it. What changed, one step at a time (lexicon + grammar, latest checkpoint): "
+    "recipe reaches the goal with one of two seeds and averages 11.6 %: not safely under it. What changed, one "
+    "step at a time (lexicon + grammar, latest checkpoint): "
     "(1) no feature normalisation instead of per-utterance CMVN, 1200 steps: 16.0 % and 14.8 % for two seeds "
     "(best checkpoints 14.8 %) against 17.0 %: a one-word utterance's mean spectrum is evidence about the word, and "
     "per-utterance CMVN subtracts it (the dev loss falls from 0.66 to 0.36-0.40); (2) 2400 steps in one cosine cycle "
