@@ -44,7 +44,7 @@ def run(tmp_path_factory):
                  "train.num_steps": "2", "train.log_every": "1", "train.eval_every": "2",
                  "train.checkpoint_every": "2", "train.progress": "False", "train.tensorboard": "False",
                  "train.async_checkpoint": "False", "train.ema_decay": "0.0",
-                 "data.normalize": "utterance"}.items():   # the fixture as before fsdd.py changed recipe
+                 "data.normalize": "utterance"}.items():   # a 2-step model: with CMVN every file keeps a word path
         apply_override(cfg, k, v)
     workdir = str(d / "run")
     train(cfg, workdir, root=ROOT)
