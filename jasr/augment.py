@@ -154,6 +154,12 @@ def vtlp_warp(freqs: np.ndarray, alpha: float, sample_rate: int, boundary_hz: fl
     return np.where(freqs <= b, alpha * freqs, upper)
 
 
+def _with_power_of(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """y scaled to the mean power of x (unchanged where y is silent)."""
+    p_in, p_out = float(np.mean(x ** 2)), float(np.mean(y ** 2))
+    return y * np.sqrt(p_in / p_out) if p_out > 0.0 else y
+
+
 def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float | None = None) -> np.ndarray:
     """Vocal tract length perturbation of a waveform: [n] -> float32 [n] (same length and tempo).
 
@@ -197,9 +203,7 @@ def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float |
     np.add.at(out, hi, frac * moved)
     _, y = scipy.signal.istft(out, fs=sample_rate, window="hann", nperseg=n_fft, noverlap=n_fft - hop)
     y = np.pad(y, (0, max(0, n - y.shape[0])))[:n]
-    p_in, p_out = float(np.mean(x[:n] ** 2)), float(np.mean(y ** 2))
-    if p_out > 0.0:      # the same mean power as the input (re-phasing loses some where partials interfere)
-        y = y * np.sqrt(p_in / p_out)
+    y = _with_power_of(y, x[:n])   # re-phasing loses some power where partials interfere
     return y.astype(np.float32)
 
 
@@ -232,9 +236,7 @@ def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands:
     spec = np.fft.rfft(audio.astype(np.float64))
     curve = eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db)
     y = np.fft.irfft(spec * 10.0 ** (curve / 20.0), n)
-    p_in, p_out = float(np.mean(audio.astype(np.float64) ** 2)), float(np.mean(y ** 2))
-    if p_out > 0.0:
-        y = y * np.sqrt(p_in / p_out)
+    y = _with_power_of(y, audio.astype(np.float64))
     return y.astype(np.float32)
 
 
