@@ -150,7 +150,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
     else:
         state = _commit(init_fn(init_key, batch=init_batch))
     if start == 0:
-        ema = state.params if t.ema_decay > 0 else None    # ema_0 = params_0
+        # ema_0 = params_0, a copy: the train step donates the state's buffers
+        ema = jax.tree.map(jnp.copy, state.params) if t.ema_decay > 0 else None
     say(f"[train] per device: {per_device_mib(state.params):.2f} MiB of parameters, "
         f"{per_device_mib((state.opt_state, ema)):.2f} MiB of optimiser state and EMA (activations not counted)")
     if start >= t.num_steps:
@@ -159,7 +160,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         return {"step": start}
 
     # -- steps, logs, dev evaluation, checkpoints ---------------------------------------------------------------
-    train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx),
+    # the old state is donated: its buffers hold the new one (one copy of parameters and optimiser state, not two)
+    train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx), donate_argnums=0,
                        **({"out_shardings": (shardings, replicated(mesh))} if sharded else {}))
     ema_fn = jax.jit(lambda e, p, s: ema_update(e, p, ema_decay_at(s, t.ema_decay)))
     # several processes: dev batches are whole on every process, the outputs replicated (read by each)
