@@ -52,7 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.num_mel_bins = 80
     c.data.low_freq = 20.0              # mel filter bank range in Hz (fbank/mfcc); high_freq <= 0: Nyquist + high_freq
     c.data.high_freq = 0.0
-    c.data.normalize = "utterance"      # "none" | "utterance"
+    c.data.normalize = "utterance"      # "none" | "utterance" (mean/variance per utterance) | "level" (jasr.cmvn)
     c.data.max_frames = 8000            # padded frames per batch (B * T); B per duration bucket = max_frames // T
     c.data.max_batch_size = 0           # cap on B (0 = none)
     c.data.num_buckets = 4              # duration buckets at quantiles of the train durations ...
@@ -220,8 +220,8 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
     d, o, t, ls = cfg.data, cfg.optim, cfg.train, cfg.loss
     _require(d.feature in ("fbank", "mfcc", "whisper", "raw"),
              f"config 'data.feature' must be 'fbank', 'mfcc', 'whisper' or 'raw', got {d.feature!r}")
-    _require(d.normalize in ("none", "utterance"), f"config 'data.normalize' must be 'none' or 'utterance', "
-                                                   f"got {d.normalize!r}")
+    _require(d.normalize in ("none", "utterance", "level"),
+             f"config 'data.normalize' must be 'none', 'utterance' or 'level', got {d.normalize!r}")
     _require(d.sample_rate in (8000, 16000, 22050, 24000, 44100, 48000),
              f"config 'data.sample_rate' must be a standard rate, got {d.sample_rate}")
     _require(d.max_frames >= 1, f"config 'data.max_frames' must be >= 1, got {d.max_frames}")

@@ -25,7 +25,7 @@ import scipy.sparse
 from jasr.cmvn import CmvnStats, apply_cmvn, utterance_cmvn
 
 __all__ = [
-    "FeatureConfig", "compute_features", "num_frames", "feature_dim",
+    "FeatureConfig", "compute_features", "num_frames", "feature_dim", "LEVEL_RMS", "level_gain",
     "fbank", "mfcc", "whisper_log_mel", "log_mel_spectrogram", "librosa_mfcc", "kaldi_mel_banks", "slaney_mel_filters",
     "feature_window",
     "time_major",
@@ -160,7 +160,9 @@ def _whisper_window() -> np.ndarray:
 class FeatureConfig:
     """What features to compute. `kind`: "fbank" | "mfcc" | "whisper".
 
-    normalize: "none" | "utterance" (per-utterance mean/variance) | "global" (CMVN stats from `cmvn_path`).
+    normalize: "none" | "utterance" (per-utterance mean/variance) | "level" (the waveform scaled to an RMS of
+    LEVEL_RMS before the features: the features do not depend on the recording level, and keep the spectral shape
+    that CMVN removes) | "global" (CMVN stats from `cmvn_path`).
     Whisper features ignore the Kaldi framing fields (they are fixed by the model: 25 ms / 10 ms at 16 kHz).
     """
     kind: Literal["fbank", "mfcc", "whisper"] = "fbank"
@@ -181,15 +183,15 @@ class FeatureConfig:
     num_ceps: int = 13
     cepstral_lifter: float = 22.0
     whisper_pad_or_trim: bool = False   # True: pad/cut to 30 s (3000 frames), as WhisperFeatureExtractor
-    normalize: Literal["none", "utterance", "global"] = "none"
+    normalize: Literal["none", "utterance", "level", "global"] = "none"
     normalize_variance: bool = True
     cmvn_path: str | None = None
 
     def __post_init__(self):
         if self.kind not in ("fbank", "mfcc", "whisper"):
             raise ValueError(f"FeatureConfig.kind must be 'fbank', 'mfcc' or 'whisper', got {self.kind!r}")
-        if self.normalize not in ("none", "utterance", "global"):
-            raise ValueError(f"FeatureConfig.normalize must be 'none', 'utterance' or 'global', "
+        if self.normalize not in ("none", "utterance", "level", "global"):
+            raise ValueError(f"FeatureConfig.normalize must be 'none', 'utterance', 'level' or 'global', "
                              f"got {self.normalize!r}")
         if self.kind == "whisper" and self.sample_rate != WHISPER_SAMPLE_RATE:
             raise ValueError(f"Whisper features need sample_rate=16000, got {self.sample_rate}")
@@ -259,6 +261,15 @@ def _check_audio(audio, name="audio") -> np.ndarray:
     if not np.issubdtype(a.dtype, np.floating):
         raise ValueError(f"{name} must be floating point in [-1, 1], got dtype {a.dtype}")
     return a.astype(np.float64)
+
+
+LEVEL_RMS = 0.1    # normalize="level": the waveform's RMS (-20 dB re full scale) before the features
+
+
+def level_gain(sum_squares: float, num_samples: int) -> float:
+    """The factor that brings a waveform with these statistics to an RMS of LEVEL_RMS (1.0 for silence)."""
+    mean_square = float(sum_squares) / max(int(num_samples), 1)
+    return LEVEL_RMS / math.sqrt(mean_square) if mean_square > 0.0 else 1.0
 
 
 def _kaldi_frames(audio: np.ndarray, config: FeatureConfig, rng: np.random.Generator | None):
@@ -437,13 +448,15 @@ def compute_features(audio: np.ndarray, config: FeatureConfig, *, cmvn: CmvnStat
     With normalize="global", `cmvn` (or, if None, the stats file config.cmvn_path) gives the statistics.
     """
     a = _check_audio(audio)
+    if config.normalize == "level":
+        a = a * level_gain(np.dot(a, a), a.shape[0])
     if config.kind == "fbank":
         x = _fbank(a, config, rng)
     elif config.kind == "mfcc":
         x = _mfcc(a, config, rng)
     else:
         x = whisper_log_mel(a, config.num_mel_bins, pad_or_trim=config.whisper_pad_or_trim)
-    if config.normalize == "none":
+    if config.normalize in ("none", "level"):
         return x
     x2 = time_major(x, config)
     if config.normalize == "utterance":
@@ -554,8 +567,15 @@ def compute_features_jax(audio, audio_paddings, config: FeatureConfig, *, cmvn: 
     """On-device features for a batch: audio [B, S], paddings [B, S] -> (features [B, T, F], paddings [B, T]).
 
     Whisper features come out as [B, T, n_mels] here (time-major like the others). Normalisation as configured;
-    per-utterance CMVN uses only the valid frames.
+    per-utterance CMVN uses only the valid frames, the level only the valid samples.
     """
+    if config.normalize == "level":
+        audio = jnp.asarray(audio, jnp.float32)
+        valid = jnp.ones_like(audio) if audio_paddings is None else 1.0 - jnp.asarray(audio_paddings, jnp.float32)
+        mean_square = jnp.sum(audio * audio * valid, axis=1, keepdims=True) / jnp.maximum(valid.sum(1, keepdims=True),
+                                                                                          1.0)
+        audio = audio * jnp.where(mean_square > 0.0, LEVEL_RMS / jnp.sqrt(jnp.where(mean_square > 0.0, mean_square,
+                                                                                     1.0)), 1.0)
     if config.kind == "whisper":
         feats = jnp.swapaxes(whisper_log_mel_jax(audio, config.num_mel_bins, pad_or_trim=config.whisper_pad_or_trim),
                              -1, -2)

@@ -36,7 +36,7 @@ import soxr
 
 from jasr.audio import AudioError, load_audio, to_mono
 from jasr.cmvn import CmvnStats, accumulate_cmvn, apply_cmvn
-from jasr.features import FeatureConfig, compute_features, compute_features_jax, num_frames
+from jasr.features import FeatureConfig, compute_features, compute_features_jax, level_gain, num_frames
 
 __all__ = ["array_blocks", "chunked_ctc_log_probs", "decode_segments", "frame_energy_db", "iter_audio_blocks",
            "iter_chunked_log_probs", "iter_features", "join_segments", "segment_reader", "split_on_silence",
@@ -145,11 +145,19 @@ def stream_features(open_blocks: Callable[[], Iterable[np.ndarray]], config: Fea
     """Frames [t_i, F] of a long waveform, normalised as `config` says, equal to ``compute_features(whole,
     config)`` up to float error. `open_blocks()` returns a fresh iterable of sample blocks (called twice for
     ``normalize="utterance"``: pass 1 accumulates the file's mean and std, pass 2 yields the normalised frames;
-    float64 sums with the std floored at 1e-5 as utterance_cmvn does). ``"global"`` takes `cmvn` or the stats file
-    ``config.cmvn_path``."""
+    float64 sums with the std floored at 1e-5 as utterance_cmvn does; ``"level"``: pass 1 sums the squared
+    samples, pass 2 scales the blocks). ``"global"`` takes `cmvn` or the stats file ``config.cmvn_path``."""
     _check_stream_config(config)
     if config.normalize == "none":
         yield from iter_features(open_blocks(), config)
+        return
+    if config.normalize == "level":
+        sums = np.zeros(2)
+        for block in open_blocks():
+            b = np.asarray(block, np.float64)
+            sums += (np.dot(b, b), b.shape[0])
+        gain = level_gain(*sums)
+        yield from iter_features((np.asarray(b, np.float64) * gain for b in open_blocks()), config)
         return
     if config.normalize == "utterance":
         try:

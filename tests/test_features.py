@@ -1,5 +1,6 @@
 """Features against independent references: kaldi-native-fbank (Kaldi fbank/MFCC), transformers'
 WhisperFeatureExtractor and openai-whisper (log-mel), librosa (Slaney mel filters); jnp == numpy."""
+import dataclasses
 import json
 import os
 
@@ -17,8 +18,8 @@ from jasr.data import compute_cmvn_stats
 from jasr.cmvn import (CmvnStats, accumulate_cmvn, apply_cmvn, equalize_spectrum, long_term_log_spectrum,
                        utterance_cmvn)
 from jasr.features import (FeatureConfig, compute_features, compute_features_jax, fbank, fbank_jax, feature_dim,
-                           librosa_mfcc, log_mel_spectrogram, mfcc, num_frames, slaney_mel_filters, whisper_log_mel,
-                           whisper_log_mel_jax)
+                           level_gain, librosa_mfcc, log_mel_spectrogram, mfcc, num_frames, slaney_mel_filters,
+                           whisper_log_mel, whisper_log_mel_jax)
 
 DATA = "/work/shared/data"
 
@@ -298,3 +299,25 @@ def test_equalize_spectrum_flattens_a_coloured_channel():
     np.testing.assert_allclose(equalize_spectrum(chunks[0], ls, target=ls), chunks[0], atol=1e-5)   # identity
     with pytest.raises(ValueError, match="log_spectrum"):
         equalize_spectrum(chunks[0], np.array([0.0, np.nan, 1.0]))
+
+
+@pytest.mark.parametrize("kind", ["fbank", "mfcc"])
+def test_level_normalisation_is_gain_invariant_and_device_equals_host(speech_lj, kind):
+    """normalize='level': the waveform is scaled to an RMS of LEVEL_RMS first, so a 20 dB quieter copy gives the
+    same features (bins at the log's floor included) while the spectral shape stays (unlike CMVN); the device path,
+    with the padding samples left out of the RMS, equals the host path."""
+    cfg = FeatureConfig(kind=kind, normalize="level", num_mel_bins=40)
+    ref = compute_features(speech_lj, cfg)
+    np.testing.assert_allclose(compute_features(speech_lj * np.float32(0.1), cfg), ref, atol=1e-3)
+    np.testing.assert_allclose(compute_features(speech_lj * np.float32(3.0), cfg), ref, atol=1e-3)
+    rms = float(np.sqrt(np.mean(speech_lj.astype(np.float64) ** 2)))
+    np.testing.assert_allclose(level_gain(np.sum(speech_lj.astype(np.float64) ** 2), speech_lj.size), 0.1 / rms)
+    raw = compute_features(speech_lj * np.float32(0.1 / rms), dataclasses.replace(cfg, normalize="none"))
+    np.testing.assert_allclose(ref, raw, atol=1e-3)
+    assert level_gain(0.0, 100) == 1.0          # digital silence stays as it is
+    n0 = speech_lj.shape[0]
+    audio = np.zeros((1, n0 + 3000), np.float32)
+    audio[0, :n0] = speech_lj
+    pads = (np.arange(n0 + 3000) >= n0).astype(np.float32)[None]
+    feats, _ = compute_features_jax(audio * np.float32(0.3), pads, cfg)
+    np.testing.assert_allclose(np.asarray(feats)[0, :ref.shape[0]], ref, atol=2e-3)

@@ -59,7 +59,8 @@ def random_variables(init, *args, seed=0):
 
 @pytest.mark.parametrize("kw", [dict(kind="fbank", normalize="utterance"),
                                 dict(kind="fbank", snip_edges=False, use_energy=True, normalize="none"),
-                                dict(kind="mfcc", snip_edges=False, normalize="utterance", normalize_variance=False)])
+                                dict(kind="mfcc", snip_edges=False, normalize="utterance", normalize_variance=False),
+                                dict(kind="fbank", normalize="level"), dict(kind="mfcc", normalize="level")])
 def test_streamed_features_equal_whole_file(speech, kw):
     fc = FeatureConfig(sample_rate=SR, num_mel_bins=20, **kw)
     whole = compute_features(speech, fc)
