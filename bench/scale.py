@@ -2,13 +2,15 @@
 train.py jits it) of a Whisper large-v3-sized and a Wav2Vec2-large-sized model under several meshes.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
-        python bench/scale.py [--out bench/results/scale.md] [--models whisper,wav2vec2] [--quick]
+        python bench/scale.py [--out bench/results/scale.md] [--models whisper,wav2vec2] [--variants ...]
+                              [--meshes ...] [--time-variants ...]
 
 Memory: the step is lowered and compiled for the mesh from abstract shapes only (jax.ShapeDtypeStruct with the
 shardings jasr.sharding.state_shardings gives the train state under the family's logical axis rules, batches
 split over data x fsdp), nothing is allocated; ``compiled.memory_analysis()`` gives the bytes of the partitioned
-program of one device: arguments (the state shards and the batch rows of the device), outputs (the new state:
-train.py does not donate the old one), temporaries (activations, gradients, optimizer intermediates). The sharded
+program of one device: arguments (the state shards and the batch rows of the device), outputs (the new state, in
+the old one's buffers: the step donates its state, as train.py does, and XLA reports those bytes as aliased),
+temporaries (activations, gradients, optimizer intermediates). The sharded
 state per device is summed from the shard shapes. The compiled program is XLA:CPU's; a GPU or TPU compiler fuses and
 schedules differently, so temporaries there differ (arguments and outputs do not).
 
@@ -125,7 +127,8 @@ def setup(task, cfg, shape, sizes):
     bsh = {k: batch_sharding(mesh, np.ndim(v)) for k, v in batch.items()}
     abs_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, ssh)
     abs_batch = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=bsh[k]) for k, v in batch.items()}
-    step = jax.jit(functools.partial(train_step, task=task, tx=tx), out_shardings=(ssh, replicated(mesh)))
+    step = jax.jit(functools.partial(train_step, task=task, tx=tx), out_shardings=(ssh, replicated(mesh)),
+                   donate_argnums=0)     # as train.py: the new state takes the old one's buffers
     return step, abs_state, abs_batch, key, mesh, rules, ssh, batch, init
 
 
@@ -206,7 +209,8 @@ def main(argv=None):
             for mesh_name in meshes:
                 r = memory_row(model, variant, mesh_name)
                 print(f"[memory] {model} {variant} {mesh_name}: state {gib(r['state'])} GiB, args {gib(r['args'])}, "
-                      f"out {gib(r['out'])}, temp {gib(r['temp'])} (compiled in {r['compile_s']:.0f} s)", flush=True)
+                      f"out {gib(r['out'])} (aliased {gib(r['alias'])}), temp {gib(r['temp'])} "
+                      f"(compiled in {r['compile_s']:.0f} s)", flush=True)
                 mem.append(r)
                 write(a.out, mem, times, cmd.strip())        # every row as it comes
     for model in models:
@@ -224,9 +228,10 @@ def write(path: str, mem: list, times: list, cmd: str) -> None:
              f"{_machine()}. Command: `{cmd}`.", "",
              "Memory from `jax.jit(train_step).lower(abstract sharded state, batch).compile().memory_analysis()` "
              "(XLA:CPU's partitioned program of one device; nothing allocated): **args** = the device's state "
-             "shards + its batch rows, **out** = the new state (train.py does not donate the old one, so it is "
-             "a second copy), **temp** = activations, gradients and optimizer temporaries, **total** = args + "
-             "out + temp. **state** = the train state's shards on one device (params + AdamW moments + counters). "
+             "shards + its batch rows, **out** = the new state, **aliased** = the output bytes held in donated "
+             "argument buffers (the step donates the old state, as train.py does), **temp** = activations, "
+             "gradients and optimizer temporaries, **total** = args + out - aliased + temp. **state** = the train "
+             "state's shards on one device (params + AdamW moments + counters). "
              "GiB = 2^30 bytes. Layers scanned; bf16 = compute dtype (params and optimizer state float32); remat = "
              "each layer recomputed in the backward pass.", ""]
     for model in dict.fromkeys(r["model"] for r in mem):
@@ -237,12 +242,13 @@ def write(path: str, mem: list, times: list, cmd: str) -> None:
             ("Wav2Vec2-large-sized CTC (hidden 1024, 24 layers, 16 heads, ffn 4096, stable layer norm, vocab "
              f"{W2V_VOCAB}); batch {r0['rows']} utterances of 15 s, 256 label tokens")
         lines += [f"## {model}: {what}; {r0['params'] / 1e6:.0f} M parameters", "",
-                  "| variant | mesh | rows/device | state GiB | args GiB | out GiB | temp GiB | total GiB |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| variant | mesh | rows/device | state GiB | args GiB | out GiB | aliased GiB | temp GiB | "
+                  "total GiB |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['variant']} | {r['mesh']} | {r['rows_per_device']} | {gib(r['state'])} | "
-                         f"{gib(r['args'])} | {gib(r['out'])} | {gib(r['temp'])} | "
-                         f"{gib(r['args'] + r['out'] + r['temp'])} |")
+                         f"{gib(r['args'])} | {gib(r['out'])} | {gib(r['alias'])} | {gib(r['temp'])} | "
+                         f"{gib(r['args'] + r['out'] - r['alias'] + r['temp'])} |")
         lines.append("")
     if times:
         lines += ["## Step time (scaled-down models; 8 host CPU devices sharing the machine's cores)", "",
