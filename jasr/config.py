@@ -52,7 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.num_mel_bins = 80
     c.data.low_freq = 20.0              # mel filter bank range in Hz (fbank/mfcc); high_freq <= 0: Nyquist + high_freq
     c.data.high_freq = 0.0
-    c.data.normalize = "utterance"      # "none" | "utterance" (mean/variance per utterance) | "level" (jasr.cmvn)
+    c.data.normalize = "utterance"      # "none" | "utterance" (mean/variance per utterance) | "level" (waveform RMS)
     c.data.max_frames = 8000            # padded frames per batch (B * T); B per duration bucket = max_frames // T
     c.data.max_batch_size = 0           # cap on B (0 = none)
     c.data.num_buckets = 4              # duration buckets at quantiles of the train durations ...

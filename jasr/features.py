@@ -572,10 +572,10 @@ def compute_features_jax(audio, audio_paddings, config: FeatureConfig, *, cmvn: 
     if config.normalize == "level":
         audio = jnp.asarray(audio, jnp.float32)
         valid = jnp.ones_like(audio) if audio_paddings is None else 1.0 - jnp.asarray(audio_paddings, jnp.float32)
-        mean_square = jnp.sum(audio * audio * valid, axis=1, keepdims=True) / jnp.maximum(valid.sum(1, keepdims=True),
-                                                                                          1.0)
-        audio = audio * jnp.where(mean_square > 0.0, LEVEL_RMS / jnp.sqrt(jnp.where(mean_square > 0.0, mean_square,
-                                                                                     1.0)), 1.0)
+        count = jnp.maximum(valid.sum(1, keepdims=True), 1.0)
+        mean_square = jnp.sum(audio * audio * valid, axis=1, keepdims=True) / count
+        gain = LEVEL_RMS / jnp.sqrt(jnp.maximum(mean_square, 1e-30))     # level_gain (silence: 1)
+        audio = audio * jnp.where(mean_square > 0.0, gain, 1.0)
     if config.kind == "whisper":
         feats = jnp.swapaxes(whisper_log_mel_jax(audio, config.num_mel_bins, pad_or_trim=config.whisper_pad_or_trim),
                              -1, -2)
