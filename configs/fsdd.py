@@ -23,7 +23,7 @@ Also available, measured there and not on by default because they did not lower 
 at 3 kHz), word-level CTC (data.tokenizer = a SentencePiece "word" model of the ten digits), per-speaker spectral
 equalisation of the audio (`python bench/fsdd_speaker_eq.py`), `--config.data.normalize=level` (waveforms scaled to
 one RMS), 23 mel bins, MFCCs and wider gain or equalisation ranges. `--config.train.num_steps=3600` helps
-(8.4 / 11.8 / 13.6 % for seeds 0 / 1 / 2, mean 11.3 %) at about 50 % more training time. Every run, with its
+(8.4 / 11.8 / 13.6 % for seeds 0 / 1 / 2, mean 11.3 %) with 50 % more steps. Every run, with its
 command: bench/results/fsdd_decoding.md.
 """
 from jasr.config import base_config

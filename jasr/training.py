@@ -160,7 +160,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, *, root: str | None = No
         return {"step": start}
 
     # -- steps, logs, dev evaluation, checkpoints ---------------------------------------------------------------
-    # the old state is donated: its buffers hold the new one (one copy of parameters and optimiser state, not two)
+    # the old state is donated: the compiler may write the new one into its buffers (XLA:CPU then grows its
+    # temporaries by about as much: bench/results/scale.md)
     train_fn = jax.jit(functools.partial(train_step, task=task, tx=tx), donate_argnums=0,
                        **({"out_shardings": (shardings, replicated(mesh))} if sharded else {}))
     ema_fn = jax.jit(lambda e, p, s: ema_update(e, p, ema_decay_at(s, t.ema_decay)))
