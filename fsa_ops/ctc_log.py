@@ -34,8 +34,6 @@ from fsa_ops.scores import EXP_FLOOR, exp_flushed
 
 __all__ = ["run_log", "log_occupancy", "natural_row_masks"]
 
-_BLOCK = 4   # frames per loop iteration of the XLA recursion; the rows are shifted after the last
-
 
 def run_log(lat: CtcLattice, lp=None, store: bool = True, *, rows=None, implementation: str = "xla",
             semiring: str = "log"):
@@ -104,90 +102,53 @@ def _run_pallas(lat: CtcLattice, lp, store: bool, semiring: str):
     return (jnp.swapaxes(alpha, 0, 1), jnp.swapaxes(table[batch:], 0, 1)), log_z
 
 
-def _frame_loop(init, rows, valid, skip, store: bool, semiring: str = "log", block: int = _BLOCK):
+def _frame_loop(init, rows, valid, skip, store: bool, semiring: str = "log"):
     """Runs the CTC step over rows [T, R, S] (loop order), valid [T, R], from init [R, S], every row
-    shifted back to max 0 after every `block`-th frame.
+    shifted back to max 0 after every frame.
 
     Returns (last scores [R, S] (shifted), out): with store, out = (alpha, beta) [T, B, S+1] in
     natural frame and state order: the forward rows' scores after frame t (including its
     emission) and the backward rows' scores before it (excluding its emission), relative to the
     shifts applied before that step, and in column S the shift applied after the step (the max of
-    the row's new scores at the last frame of a block, 0 for rows without mass and at the other
-    frames); without store, out = those shifts [T, R] in loop order. The true log-likelihood is the
-    log-add of the last scores plus all the shifts.
-
-    One loop iteration runs `block` frames (T padded with invalid frames, which change nothing) and
-    shifts only after the last of them: within a block a row's max moves by a few emissions'
-    log-probs (|drift| << 1e3 even for logits x10, so float32 keeps ~1e-5 absolute precision), and
-    the frames in between skip the max reduction (two of the eight kernels a shifted frame runs).
-    The block's table rows are written at once (one update per direction).
+    the row's new scores, 0 for rows without mass); without store, out = those shifts [T, R] in
+    loop order. The true log-likelihood is the log-add of the last scores plus all the shifts.
 
     The step reads its three predecessors as plain slices of a carry with two -inf columns in
     front, and only the next carry's (cheap) fusion subtracts the shift and pads: XLA's CPU
     fusions with a pad, a concatenate or a broadcast before a slice in them do not vectorise
-    their exps and logs."""
+    their exps and logs. The loop body is then four kernels (the step, the max, the next carry and
+    one table write per direction) plus the loop's own."""
     frames, num_rows, states = rows.shape
     batch = num_rows // 2
     neg_inf = jnp.float32(-jnp.inf)
     gap = jnp.full((num_rows, 2), neg_inf)
-    block = max(1, min(block, frames))
-    padded_frames = -(-frames // block) * block
-    if padded_frames != frames:
-        rows = jnp.pad(rows, ((0, padded_frames - frames), (0, 0), (0, 0)))
-        valid = jnp.pad(valid, ((0, padded_frames - frames), (0, 0)))
     put = functools.partial(jax.lax.dynamic_update_slice_in_dim, axis=0, allow_negative_indices=False)
-    zero = jnp.zeros((num_rows, 1), jnp.float32)
 
-    def frame_step(padded, t, last):
+    def body(t, state):
+        padded, out = state
         stay = padded[:, 2:]
         frame = jax.lax.dynamic_slice_in_dim(rows, t, 1, 0, allow_negative_indices=False)[0]
         frame_valid = jax.lax.dynamic_slice_in_dim(valid, t, 1, 0, allow_negative_indices=False)[0]
         incoming = _log_add3(stay, padded[:, 1:-1], jnp.where(skip, padded[:, :-2], neg_inf), semiring)
         post = jnp.where(frame_valid[:, None], incoming + frame, stay)
-        if last:
-            top = jnp.max(post, axis=1, keepdims=True)
-            shift = jnp.where(jnp.isfinite(top), top, 0.0)
-            carry = jnp.concatenate([gap, post - shift], axis=1)
-        else:
-            shift, carry = zero, jnp.concatenate([gap, post], axis=1)
-        if not store:
-            return carry, shift[:, 0]
-        # the backward rows' table takes the frame's emission out again (beta excludes it): one
-        # rounding of the size of the one that alpha (which includes the emission) carries
-        beta = jnp.where(frame[batch:] > -jnp.inf, post[batch:] - frame[batch:], neg_inf)[:, ::-1]
-        return carry, (jnp.concatenate([post[:batch], shift[:batch]], axis=1),
-                       jnp.concatenate([beta, shift[batch:]], axis=1))
-
-    def body(i, state):
-        padded, out = state
-        t0 = i * block
-        written = []
-        for j in range(block):
-            padded, row = frame_step(padded, t0 + j, j == block - 1)
-            if j < block - 1:   # or XLA fuses the next frame into this one and recomputes each score 3x
-                padded = jax.lax.optimization_barrier(padded)
-            written.append(row)
+        top = jnp.max(post, axis=1, keepdims=True)
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
         if store:
-            alpha = jnp.stack([r[0] for r in written])
-            beta = jnp.stack([r[1] for r in written[::-1]])
-            out = (put(out[0], alpha, t0), put(out[1], beta, padded_frames - block - t0))
+            # the backward rows' table takes the frame's emission out again (beta excludes it): one
+            # rounding of the size of the one that alpha (which includes the emission) carries
+            beta = jnp.where(frame[batch:] > -jnp.inf, post[batch:] - frame[batch:], neg_inf)[:, ::-1]
+            out = (put(out[0], jnp.concatenate([post[:batch], shift[:batch]], axis=1)[None], t),
+                   put(out[1], jnp.concatenate([beta, shift[batch:]], axis=1)[None], frames - 1 - t))
         else:
-            out = put(out, jnp.stack(written), t0)
-        return padded, out
+            out = put(out, shift[None, :, 0], t)
+        return jnp.concatenate([gap, post - shift], axis=1), out
 
     if store:
-        out = tuple(jnp.zeros((padded_frames, batch, states + 1), jnp.float32) for _ in range(2))
+        out = (jnp.zeros((frames, batch, states + 1), jnp.float32), jnp.zeros((frames, batch, states + 1), jnp.float32))
     else:
-        out = jnp.zeros((padded_frames, num_rows), jnp.float32)
-    padded, out = jax.lax.fori_loop(0, padded_frames // block, body, (jnp.concatenate([gap, init], axis=1), out))
-    # the shifts of the padding frames (after the last real one) go back into the last scores
-    if store:
-        tail = jnp.concatenate([jnp.sum(out[0][frames:, :, states], axis=0),
-                                jnp.sum(out[1][:padded_frames - frames, :, states], axis=0)])
-        out = (out[0][:frames], out[1][padded_frames - frames:])
-    else:
-        tail, out = jnp.sum(out[frames:], axis=0), out[:frames]
-    return padded[:, 2:] + tail[:, None], out
+        out = jnp.zeros((frames, num_rows), jnp.float32)
+    padded, out = jax.lax.fori_loop(0, frames, body, (jnp.concatenate([gap, init], axis=1), out))
+    return padded[:, 2:], out
 
 
 def _log_add3(x0, x1, x2, semiring: str):
