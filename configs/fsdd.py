@@ -22,9 +22,9 @@ Also available, measured there and not on by default because they did not lower 
 `--config.data.vtlp="(0.9,1.1)"` (vocal tract length perturbation), `--config.data.high_freq=3000` (mel banks cut
 at 3 kHz), word-level CTC (data.tokenizer = a SentencePiece "word" model of the ten digits), per-speaker spectral
 equalisation of the audio (`python bench/fsdd_speaker_eq.py`), `--config.data.normalize=level` (waveforms scaled to
-one RMS), 23 mel bins, MFCCs, wider gain or equalisation ranges, white noise (`--config.data.noise_snr_db="(5.0,
-25.0)"`), dropout 0.3 and weight decay 0.1 (`--config.optim.weight_decay=0.1`: 8.8 / 9.4 / 15.4 % for seeds
-0 / 1 / 2, the same mean and a worse least favourable seed). Every run, with its command:
+one RMS), 23 mel bins, MFCCs, wider gain or equalisation ranges, dropout 0.3, white noise
+(`--config.data.noise_snr_db="(5.0,25.0)"`) and weight decay 0.1 (`--config.optim.weight_decay=0.1`: 8.8 / 9.4 /
+15.4 % for seeds 0 / 1 / 2, the same mean and a worse least favourable seed). Every run, with its command:
 bench/results/fsdd_decoding.md.
 """
 from jasr.config import base_config
