@@ -9,14 +9,17 @@ last four active frames. Printed: the mean share per speaker and word (%), and t
 """
 import argparse
 import collections
-import json
 import os
 import sys
 
 import numpy as np
-import soundfile as sf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from jasr.audio import load_audio  # noqa: E402
+from jasr.manifests import read_manifest  # noqa: E402
+
 MANIFEST = os.path.join(ROOT, "..", "shared", "data", "fsdd", "manifest.jsonl")
 
 
@@ -41,15 +44,14 @@ def main(argv):
     p.add_argument("--words", nargs="*", default=None, help="words to show (default: all)")
     p.add_argument("--split-hz", type=float, default=2000.0)
     a = p.parse_args(argv)
-    base = os.path.dirname(a.manifest)
     shares = collections.defaultdict(list)
-    with open(a.manifest) as f:
-        for line in f:
-            r = json.loads(line)
-            if a.words and r["text"] not in a.words:
-                continue
-            audio, sr = sf.read(os.path.join(base, r["audio"]), dtype="float64")
-            shares[(r["text"], r["speaker"])].append(high_band_shares(audio, sr, a.split_hz))
+    for u in read_manifest(a.manifest):
+        if a.words and u.text not in a.words:
+            continue
+        if u.sample_rate is None:
+            raise SystemExit(f"{a.manifest}: utterance {u.id} has no sample_rate")
+        audio = load_audio(u.audio_path, sample_rate=None, expected_duration=u.duration).astype(np.float64)
+        shares[(u.text, u.speaker)].append(high_band_shares(audio, u.sample_rate, a.split_hz))
     print(f"| word | speaker | utterances | power above {a.split_hz:.0f} Hz, first 4 frames (%) | "
           f"last 4 frames (%) | active s |")
     print("|---|---|---:|---:|---:|---:|")
