@@ -220,24 +220,43 @@ def eq_curve_db(coefs: np.ndarray, num_bins: int, max_db: float) -> np.ndarray:
     return max_db * (coefs[:, None] * np.cos(np.pi * k[:, None] * f[None])).sum(0) / norm
 
 
-def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands: int = 3) -> np.ndarray:
-    """Random equalisation of a waveform [n] -> float32 [n]: its spectrum (one FFT of the whole signal) times the
-    gain curve :func:`eq_curve_db` with `bands` coefficients drawn uniformly in [-1, 1], then scaled back to the
-    input's mean power, so that only the spectral balance changes (microphone, channel and voice-effort variety:
-    a tilt towards or away from the high frequencies and broad bumps)."""
+def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands: int = 3, points: int = 1
+              ) -> np.ndarray:
+    """Random equalisation of a waveform [n] -> float32 [n], scaled back to the input's mean power, so that only
+    the spectral balance changes (microphone, channel and voice-effort variety: a tilt towards or away from the
+    high frequencies and broad bumps).
+
+    points=1: one gain curve :func:`eq_curve_db` (`bands` coefficients drawn uniformly in [-1, 1]) applied to the
+    spectrum of the whole signal (one FFT). points > 1: a time-varying equalisation: `points` such curves (drawn
+    in turn) placed evenly from the first to the last frame of a short-time Fourier transform (Hann, ~32 ms,
+    75 % overlap), their dB gains interpolated linearly between, so that the start and the end of a word get
+    independent balances (a burst or a fricative can become brighter or duller than the vowel before it)."""
     audio = np.asarray(audio, np.float32)
     if audio.ndim != 1:
         raise ValueError(f"random_eq needs a mono waveform [n], got shape {audio.shape}")
     if max_db < 0:
         raise ValueError(f"random_eq max_db must be >= 0, got {max_db}")
+    if points < 1:
+        raise ValueError(f"random_eq points must be >= 1, got {points}")
     n = audio.shape[0]
     if max_db == 0.0 or n < 2:
         return audio
-    spec = np.fft.rfft(audio.astype(np.float64))
-    curve = eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db)
-    y = np.fft.irfft(spec * 10.0 ** (curve / 20.0), n)
-    y = _with_power_of(y, audio.astype(np.float64))
-    return y.astype(np.float32)
+    x = audio.astype(np.float64)
+    if points == 1:
+        spec = np.fft.rfft(x)
+        curve = eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db)
+        return _with_power_of(np.fft.irfft(spec * 10.0 ** (curve / 20.0), n), x).astype(np.float32)
+    n_fft = min(256, 1 << max(int(n - 1).bit_length() - 1, 1))
+    hop = n_fft // 4
+    _, _, spec = scipy.signal.stft(x, window="hann", nperseg=n_fft, noverlap=n_fft - hop)      # [bins, frames]
+    curves = np.stack([eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db) for _ in range(points)])
+    at = np.linspace(0.0, points - 1.0, spec.shape[1])                 # each frame's place between the curves
+    lo = np.minimum(at.astype(np.int64), points - 2)
+    frac = (at - lo)[None, :]
+    gain_db = curves[lo].T * (1.0 - frac) + curves[lo + 1].T * frac                           # [bins, frames]
+    _, y = scipy.signal.istft(spec * 10.0 ** (gain_db / 20.0), window="hann", nperseg=n_fft, noverlap=n_fft - hop)
+    y = np.pad(y, (0, max(0, n - y.shape[0])))[:n]
+    return _with_power_of(y, x).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +267,7 @@ class AudioAugment:
     noise_snr_db: (low, high) uniform SNR, applied with probability noise_prob; noise from `noise_files`
     (read with jasr.audio.load_audio) or, when none are given, white Gaussian noise. vtlp: (low, high) uniform
     VTLP warp factor per utterance (:func:`vtlp`), applied after the speed change. eq_db: random equalisation
-    within +-eq_db dB (:func:`random_eq`), after VTLP.
+    within +-eq_db dB (:func:`random_eq`), after VTLP; eq_points > 1: time-varying, with that many curves.
     """
     speeds: Sequence[float] = (1.0,)
     gain_db: tuple[float, float] | None = None
@@ -257,6 +276,7 @@ class AudioAugment:
     noise_files: Sequence[str] = ()
     vtlp: tuple[float, float] | None = None
     eq_db: float = 0.0
+    eq_points: int = 1
 
     def __post_init__(self):
         if not self.speeds or any(s <= 0 for s in self.speeds):
@@ -265,6 +285,8 @@ class AudioAugment:
             raise ValueError(f"AudioAugment.vtlp must be (low, high) with 0 < low <= high, got {self.vtlp}")
         if self.eq_db < 0:
             raise ValueError(f"AudioAugment.eq_db must be >= 0, got {self.eq_db}")
+        if self.eq_points < 1:
+            raise ValueError(f"AudioAugment.eq_points must be >= 1, got {self.eq_points}")
 
     @property
     def min_speed(self) -> float:
@@ -280,7 +302,7 @@ class AudioAugment:
         if self.vtlp is not None:
             audio = vtlp(audio, sample_rate, float(rng.uniform(*self.vtlp)))
         if self.eq_db > 0:
-            audio = random_eq(audio, self.eq_db, rng)
+            audio = random_eq(audio, self.eq_db, rng, points=self.eq_points)
         if self.gain_db is not None:
             audio = volume_perturb(audio, float(rng.uniform(*self.gain_db)))
         if self.noise_snr_db is not None and rng.random() < self.noise_prob:

@@ -80,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
     #                                     training utterance (spectrum warped, tempo unchanged; host)
     c.data.random_eq_db = 0.0           # > 0: random spectral tilt and broad bumps within +-this many dB per
     #                                     training utterance, mean power kept (jasr.augment.random_eq; host)
+    c.data.random_eq_points = 1         # > 1: time-varying equalisation, this many random curves from start to end
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "conformer_ctc"
@@ -246,6 +247,7 @@ def validate_config(cfg: ml_collections.ConfigDict, *, check_paths: bool = True,
              and (not d.vtlp or d.vtlp[0] <= d.vtlp[1]),
              f"config 'data.vtlp' must be () or (low, high) warp factors in [0.5, 2], low <= high, got {d.vtlp}")
     _require(d.random_eq_db >= 0.0, f"config 'data.random_eq_db' must be >= 0, got {d.random_eq_db}")
+    _require(d.random_eq_points >= 1, f"config 'data.random_eq_points' must be >= 1, got {d.random_eq_points}")
     _require(0.0 <= d.noise_prob <= 1.0, f"config 'data.noise_prob' must be in [0, 1], got {d.noise_prob}")
     _require(not (d.device_features and d.feature not in ("fbank", "mfcc", "whisper")),
              f"config 'data.device_features' needs data.feature fbank/mfcc/whisper, got {d.feature!r}")

@@ -232,7 +232,8 @@ def audio_augment(d: ml_collections.ConfigDict) -> AudioAugment | None:
         return None
     return AudioAugment(speeds=tuple(d.speed_perturb) or (1.0,), gain_db=tuple(d.gain_db) or None,
                         noise_snr_db=tuple(d.noise_snr_db) or None, noise_prob=d.noise_prob,
-                        vtlp=tuple(d.vtlp) or None, eq_db=float(d.random_eq_db))
+                        vtlp=tuple(d.vtlp) or None, eq_db=float(d.random_eq_db),
+                        eq_points=int(d.random_eq_points))
 
 
 def make_train_loader(cfg: ml_collections.ConfigDict, data: RunData, task: Task | None = None,

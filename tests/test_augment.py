@@ -220,3 +220,33 @@ def test_random_eq_shapes_the_spectrum_within_bounds():
     assert aug(x, 8000, np.random.default_rng(1)).shape == x.shape
     with pytest.raises(ValueError, match="eq_db must be >= 0"):
         AudioAugment(eq_db=-1.0)
+
+
+def test_time_varying_random_eq_follows_its_curves():
+    """random_eq with points > 1 on stationary noise: the gain over the first and the last tenth of the signal is
+    the first and the last drawn curve (up to the one power renormalisation and estimation noise), they differ,
+    the mean power is kept, and AudioAugment passes eq_points on."""
+    from jasr.augment import eq_curve_db, random_eq
+    x = np.random.default_rng(0).standard_normal(80000).astype(np.float32)
+    y = random_eq(x, 10.0, np.random.default_rng(3), points=3)
+    assert y.shape == x.shape and y.dtype == np.float32
+    np.testing.assert_allclose(np.mean(y.astype(np.float64) ** 2), np.mean(x.astype(np.float64) ** 2), rtol=1e-4)
+    draw = np.random.default_rng(3)
+    curves = [eq_curve_db(draw.uniform(-1.0, 1.0, 3), 129, 10.0) for _ in range(3)]   # 256-point STFT bins
+
+    def power(sig, part):   # mean periodogram of 256-sample Hann frames of one part of the signal
+        seg = sig[part].astype(np.float64).reshape(-1, 256) * np.hanning(256)
+        return np.mean(np.abs(np.fft.rfft(seg, axis=1)) ** 2, axis=0)
+    for part, curve in ((slice(0, 2048), curves[0]), (slice(-2048, None), curves[2])):
+        gain = 10 * np.log10(power(y, part) / power(x, part))
+        offset = np.median(gain - curve)          # the power renormalisation: one constant gain
+        np.testing.assert_allclose(gain[2:-2] - offset, curve[2:-2], atol=1.0)
+    assert np.abs(curves[0] - curves[2]).max() > 3.0
+    np.testing.assert_array_equal(random_eq(x[:1000], 10.0, np.random.default_rng(3), points=1),
+                                  random_eq(x[:1000], 10.0, np.random.default_rng(3)))
+    with pytest.raises(ValueError, match="points must be >= 1"):
+        random_eq(x, 10.0, np.random.default_rng(0), points=0)
+    with pytest.raises(ValueError, match="eq_points must be >= 1"):
+        AudioAugment(eq_db=10.0, eq_points=0)
+    aug = AudioAugment(eq_db=10.0, eq_points=3)
+    assert aug(x[:3000], 8000, np.random.default_rng(1)).shape == (3000,)
