@@ -116,8 +116,9 @@ def _frame_loop(init, rows, valid, skip, store: bool, semiring: str = "log"):
     The step reads its three predecessors as plain slices of a carry with two -inf columns in
     front, and only the next carry's (cheap) fusion subtracts the shift and pads: XLA's CPU
     fusions with a pad, a concatenate or a broadcast before a slice in them do not vectorise
-    their exps and logs. The loop body is then four kernels (the step, the max, the next carry and
-    one table write per direction) plus the loop's own."""
+    their exps and logs. The loop body is then the step, the max (which XLA:CPU runs as two
+    reductions for S > 32), the next carry and one table write per direction, plus the loop's own
+    counter and condition: at small shapes its cost is that kernel count, not arithmetic."""
     frames, num_rows, states = rows.shape
     batch = num_rows // 2
     neg_inf = jnp.float32(-jnp.inf)
