@@ -231,8 +231,20 @@ NOTES = {
     "fsdd_s11_wd1_seed1": "as runs/fsdd_s11_wd1_seed0 with seed 1: 9.4 % against 11.8 %",
     "fsdd_s11_wd1_seed2": "as runs/fsdd_s11_wd1_seed0 with seed 2: 15.4 % against 13.6 % (seeds 0 / 1 / 2: 8.8 / 9.4 / "
                           "15.4 %, mean 11.2 % against 11.3 % with weight decay 0.01)",
-    "fsdd_s11_recipe": "`python train.py --config configs/fsdd.py` as shipped since session 11 (3600 steps, seed 0), "
+    "fsdd_s11_recipe": "`python train.py --config configs/fsdd.py` as shipped in session 11 (3600 steps, seed 0), "
                        "trained alone on the idle machine for its wall time",
+    "fsdd_s12_d144_seed0": "session 11's recipe with a wider model (d_model 144, 2.11M parameters, 1.7x slower): "
+                           "stopped at step 1800, greedy 22.6 % against 15.6 % for runs/fsdd_s10_3600_seed0 there",
+    "fsdd_s12_d144_seed1": "as runs/fsdd_s12_d144_seed0 with seed 1: stopped at step 1800, greedy 20.0 % against "
+                           "18.4 %",
+    "fsdd_s12_teq3_seed0": "session 11's recipe with a time-varying equalisation (data.random_eq_points=3, the default "
+                           "since session 12): lexicon + grammar 8.6 % against 8.4 % (seed 0); EIGHT read as SIX 2 "
+                           "times of 50 against 12",
+    "fsdd_s12_teq3_seed1": "as runs/fsdd_s12_teq3_seed0 with seed 1: 8.0 % against 11.8 %; EIGHT read as SIX 5 times "
+                           "against 24",
+    "fsdd_s12_teq3_seed2": "as runs/fsdd_s12_teq3_seed0 with seed 2: 12.2 % against 13.6 %; EIGHT read as SIX 16 "
+                           "times against 32 (seeds 0 / 1 / 2: 8.6 / 8.0 / 12.2 %, mean 9.6 % against 11.3 %); "
+                           "0.248 s per step from step 2000 on, where it trained alone (runs/fsdd_s11_recipe: 0.245)",
 }
 
 # what the runs above show (2026-12-07, measured on the held-out speaker theo), by --findings key
@@ -308,6 +320,15 @@ FINDINGS = {"s7": (
     "(11.2 % against 11.3 %) does not move and the least favourable seed is worse (15.4 % against 13.6 %), so it is "
     "not the default. The spread between seeds (6.6 points here) is larger than any recipe change measured since "
     "session 9."),
+    "s12": (
+    "Session 12: configs/fsdd.py now equalises each training utterance with three random curves placed from its "
+    "start to its end and interpolated between (data.random_eq_points=3, jasr.augment.random_eq; +-10 dB as "
+    "before), so that a word's start and end get independent spectral balances. Lexicon + grammar, latest "
+    "checkpoint: 8.6 / 8.0 / 12.2 % for seeds 0 / 1 / 2 (mean 9.6 %), against 8.4 / 11.8 / 13.6 % (mean 11.3 %) with "
+    "one curve per utterance: the mean is under the 10 % goal and two seeds of three are. The confusion it was "
+    "aimed at, theo's EIGHT read as SIX, falls from 12 / 24 / 32 to 2 / 5 / 16 of 50; what is left is TWO read as "
+    "THREE (21 / 11 / 11), FIVE as NINE (3 / 7 / 18) and that EIGHT. A wider model (d_model 144) learned more "
+    "slowly and was stopped at step 1800."),
 }
 
 
