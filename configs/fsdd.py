@@ -16,9 +16,9 @@ Recipe: 3600 steps with an EMA of the parameters (decay 0.995, what decode.py lo
 isolated word's own mean spectrum is evidence that per-utterance CMVN would subtract) and a time-varying random
 equalisation of the training audio (+-10 dB, three random curves from the start to the end of each utterance,
 data.random_eq_points=3): about 900 s of training on the 2 CPU cores when otherwise idle (0.248 s per step
-while it trained alone, against 0.245 s with one curve). Held-out WER, lexicon +
-grammar, latest checkpoint: 8.6 % (seed 0), 8.0 % (seed 1) and 12.2 % (seed 2), mean 9.6 %; seeds 3 and 4: 12.6
-and 7.4 %, mean of five 9.8 % (runs/fsdd_s12_teq3_seed*). With one curve per utterance (data.random_eq_points=1, the recipe until session 11):
+while it trained alone, against 0.245 s with one curve). Held-out WER, lexicon + grammar, latest checkpoint: 8.6 %
+(seed 0), 8.0 % (seed 1) and 12.2 % (seed 2), mean 9.6 %; seeds 3 and 4: 12.6 and 7.4 %, mean of five 9.8 %
+(runs/fsdd_s12_teq3_seed*). With one curve per utterance (data.random_eq_points=1, the recipe until session 11):
 8.4 / 11.8 / 13.6 %, mean 11.3 %; the time-varying curves cut theo's EIGHT read as SIX from 12 / 24 / 32 of 50 to
 2 / 5 / 16.
 The recipe before (per-utterance CMVN, 1200 steps, no EMA or equalisation): 23.6 % greedy, 17.0 % lexicon + grammar.

@@ -228,9 +228,10 @@ def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands:
 
     points=1: one gain curve :func:`eq_curve_db` (`bands` coefficients drawn uniformly in [-1, 1]) applied to the
     spectrum of the whole signal (one FFT). points > 1: a time-varying equalisation: `points` such curves (drawn
-    in turn) placed evenly from the first to the last frame of a short-time Fourier transform (Hann, ~32 ms,
-    75 % overlap), their dB gains interpolated linearly between, so that the start and the end of a word get
-    independent balances (a burst or a fricative can become brighter or duller than the vowel before it)."""
+    in turn) placed evenly from the first to the last frame of a short-time Fourier transform (256-point Hann
+    window, 75 % overlap), their dB gains interpolated linearly between, so that the start and the end of a word
+    get independent balances (a burst or a fricative can become brighter or duller than the vowel before it).
+    Signals shorter than 256 samples get one curve, as with points=1."""
     audio = np.asarray(audio, np.float32)
     if audio.ndim != 1:
         raise ValueError(f"random_eq needs a mono waveform [n], got shape {audio.shape}")
@@ -242,12 +243,11 @@ def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands:
     if max_db == 0.0 or n < 2:
         return audio
     x = audio.astype(np.float64)
-    if points == 1:
+    if points == 1 or n < 256:
         spec = np.fft.rfft(x)
         curve = eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db)
         return _with_power_of(np.fft.irfft(spec * 10.0 ** (curve / 20.0), n), x).astype(np.float32)
-    n_fft = min(256, 1 << max(int(n - 1).bit_length() - 1, 1))
-    hop = n_fft // 4
+    n_fft, hop = 256, 64
     _, _, spec = scipy.signal.stft(x, window="hann", nperseg=n_fft, noverlap=n_fft - hop)      # [bins, frames]
     curves = np.stack([eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db) for _ in range(points)])
     at = np.linspace(0.0, points - 1.0, spec.shape[1])                 # each frame's place between the curves

@@ -223,9 +223,9 @@ def test_random_eq_shapes_the_spectrum_within_bounds():
 
 
 def test_time_varying_random_eq_follows_its_curves():
-    """random_eq with points > 1 on stationary noise: the gain over the first and the last tenth of the signal is
-    the first and the last drawn curve (up to the one power renormalisation and estimation noise), they differ,
-    the mean power is kept, and AudioAugment passes eq_points on."""
+    """random_eq with points > 1 on stationary noise: the gain over the first and the last 2048 samples is the
+    first and the last drawn curve (up to the one power renormalisation), they differ, the mean power is kept,
+    signals too short for the STFT get one curve, and AudioAugment passes eq_points on."""
     from jasr.augment import eq_curve_db, random_eq
     x = np.random.default_rng(0).standard_normal(80000).astype(np.float32)
     y = random_eq(x, 10.0, np.random.default_rng(3), points=3)
@@ -244,6 +244,10 @@ def test_time_varying_random_eq_follows_its_curves():
     assert np.abs(curves[0] - curves[2]).max() > 3.0
     np.testing.assert_array_equal(random_eq(x[:1000], 10.0, np.random.default_rng(3), points=1),
                                   random_eq(x[:1000], 10.0, np.random.default_rng(3)))
+    for n in (2, 3, 255):   # one curve below 256 samples
+        np.testing.assert_array_equal(random_eq(x[:n], 10.0, np.random.default_rng(3), points=3),
+                                      random_eq(x[:n], 10.0, np.random.default_rng(3)))
+    assert random_eq(x[:256], 10.0, np.random.default_rng(3), points=3).shape == (256,)
     with pytest.raises(ValueError, match="points must be >= 1"):
         random_eq(x, 10.0, np.random.default_rng(0), points=0)
     with pytest.raises(ValueError, match="eq_points must be >= 1"):
