@@ -160,6 +160,17 @@ def _with_power_of(y: np.ndarray, x: np.ndarray) -> np.ndarray:
     return y * np.sqrt(p_in / p_out) if p_out > 0.0 else y
 
 
+def _stft(x: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
+    """Hann-window short-time Fourier transform of [n] float64: complex [n_fft // 2 + 1, frames]."""
+    return scipy.signal.stft(x, window="hann", nperseg=n_fft, noverlap=n_fft - hop)[2]
+
+
+def _istft(spec: np.ndarray, n_fft: int, hop: int, n: int) -> np.ndarray:
+    """The inverse of :func:`_stft`, zero-padded or cut to n samples: [n] float64."""
+    y = scipy.signal.istft(spec, window="hann", nperseg=n_fft, noverlap=n_fft - hop)[1]
+    return np.pad(y, (0, max(0, n - y.shape[0])))[:n]
+
+
 def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float | None = None) -> np.ndarray:
     """Vocal tract length perturbation of a waveform: [n] -> float32 [n] (same length and tempo).
 
@@ -180,7 +191,7 @@ def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float |
     n = audio.shape[0]
     x = np.pad(audio.astype(np.float64), (0, max(0, n_fft - n)))
     hop = n_fft // 4
-    _, _, spec = scipy.signal.stft(x, fs=sample_rate, window="hann", nperseg=n_fft, noverlap=n_fft - hop)
+    spec = _stft(x, n_fft, hop)
     k = spec.shape[0]
     bin_hz = sample_rate / n_fft
     pos = vtlp_warp(np.arange(k) * bin_hz, alpha, sample_rate, boundary_hz) / bin_hz
@@ -201,9 +212,7 @@ def vtlp(audio: np.ndarray, sample_rate: int, alpha: float, boundary_hz: float |
     out = np.zeros_like(spec)
     np.add.at(out, lo, (1.0 - frac) * moved)
     np.add.at(out, hi, frac * moved)
-    _, y = scipy.signal.istft(out, fs=sample_rate, window="hann", nperseg=n_fft, noverlap=n_fft - hop)
-    y = np.pad(y, (0, max(0, n - y.shape[0])))[:n]
-    y = _with_power_of(y, x[:n])   # re-phasing loses some power where partials interfere
+    y = _with_power_of(_istft(out, n_fft, hop, n), x[:n])   # re-phasing loses some power where partials interfere
     return y.astype(np.float32)
 
 
@@ -248,15 +257,13 @@ def random_eq(audio: np.ndarray, max_db: float, rng: np.random.Generator, bands:
         curve = eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db)
         return _with_power_of(np.fft.irfft(spec * 10.0 ** (curve / 20.0), n), x).astype(np.float32)
     n_fft, hop = 256, 64
-    _, _, spec = scipy.signal.stft(x, window="hann", nperseg=n_fft, noverlap=n_fft - hop)      # [bins, frames]
+    spec = _stft(x, n_fft, hop)                                                               # [bins, frames]
     curves = np.stack([eq_curve_db(rng.uniform(-1.0, 1.0, bands), spec.shape[0], max_db) for _ in range(points)])
     at = np.linspace(0.0, points - 1.0, spec.shape[1])                 # each frame's place between the curves
     lo = np.minimum(at.astype(np.int64), points - 2)
     frac = (at - lo)[None, :]
     gain_db = curves[lo].T * (1.0 - frac) + curves[lo + 1].T * frac                           # [bins, frames]
-    _, y = scipy.signal.istft(spec * 10.0 ** (gain_db / 20.0), window="hann", nperseg=n_fft, noverlap=n_fft - hop)
-    y = np.pad(y, (0, max(0, n - y.shape[0])))[:n]
-    return _with_power_of(y, x).astype(np.float32)
+    return _with_power_of(_istft(spec * 10.0 ** (gain_db / 20.0), n_fft, hop, n), x).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
