@@ -166,8 +166,8 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     C = c_tok.shape[0]
     e_pnb = jnp.where(c_tok[None] == b.last[:, None], b.pb[:, None], ab[:, None]) + c_lp[None]      # [K, C]
     # (k, c) is already in the beam as k' when k' = k + c: drop it (its mass went into k' above)
-    eq = ((b.last[:, None] == c_tok[None, :]) & has_par[:, None]).astype(jnp.int32)                  # [k', C]
-    dup = jnp.zeros((K_in, C), jnp.int32).at[par].max(eq) > 0                                        # [K_in, C]
+    eq = (b.last[:, None] == c_tok[None, :]) & has_par[:, None]                                       # [k', C]
+    dup = jnp.any((par[None, :, None] == jnp.arange(K_in)[:, None, None]) & eq[None], 1)             # [K_in, C]
     e_ok = alive[:, None] & ~dup & (c_lp[None] > _NEG)
     tok = jnp.broadcast_to(c_tok[None], (K_in, C))
     zero = jnp.zeros((K_in, C), jnp.float32)
@@ -225,21 +225,24 @@ def _frame(o: _Opts, w: _Weights, lm, lex: Lexicon | None, hot: Hotwords | None,
     # prune: the beam best of stay + grow candidates, none below best + beam_prune_logp
     total = jnp.concatenate([st_total, e_total.reshape(-1)])
     total = jnp.where(total >= total.max() + w.beam_prune_logp, total, _NEG)
-    _, idx = jax.lax.top_k(total, K)
+    kept, idx = jax.lax.top_k(total, K)
     grown = idx >= K_in
     k = jnp.where(grown, (idx - K_in) // C, idx)
     j = jnp.where(grown, (idx - K_in) % C, 0)
     gtok = c_tok[j]
     new = _Beam(
         pb=jnp.where(grown, _NEG, st_pb[k]), pnb=jnp.where(grown, e_pnb[k, j], st_pnb[k]),
-        fus=jnp.where(grown, e_fus[k, j], s.fus[k]), lm=jnp.where(grown, b.lm[k] + d_lm[k, j], s.lm[k]),
+        fus=jnp.where(grown, e_fus[k, j], s.fus[k]),
+        lm=jnp.where(grown, b.lm[k] + d_lm[k, j], s.lm[k]) if lm is not None else full.lm,
         words=jnp.where(grown, b.words[k] + d_words[k, j], s.words[k]), last=jnp.where(grown, gtok, s.last[k]),
         length=jnp.where(grown, b.length[k] + 1, s.length[k]),
         h=jnp.where(grown[:, None], _hash(b.h[k], gtok), s.h[k]), ph=jnp.where(grown[:, None], b.h[k], s.ph[k]),
-        node=jnp.where(grown, node[k, j], s.node[k]), ctx=jnp.where(grown, ctx[k, j], s.ctx[k]),
-        la=jnp.where(grown, la[k, j], s.la[k]), lm_state=lm_pick(k, j, grown))
+        node=jnp.where(grown, node[k, j], s.node[k]) if lex is not None else full.node,
+        ctx=jnp.where(grown, ctx[k, j], s.ctx[k]) if hot is not None else full.ctx,
+        la=jnp.where(grown, la[k, j], s.la[k]) if look is not None else full.la,
+        lm_state=lm_pick(k, j, grown) if lm is not None else full.lm_state)
     # entries that lost all their probability stay dead
-    dead = jnp.take(total, idx) == _NEG
+    dead = kept == _NEG
     new = new._replace(pb=jnp.where(dead, _NEG, new.pb), pnb=jnp.where(dead, _NEG, new.pnb))
     keep = pad >= 0.5
     new = jax.tree.map(lambda a, c: jnp.where(keep, a, c), full, new)
