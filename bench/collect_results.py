@@ -16,6 +16,9 @@ RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 SECTIONS = [
     ("ctc.md", "jasr.ctc_loss vs optax and torch on N(0,1) x1/x3/x10 and trained-model log-probs (issues: "
      "foundation, lattice kernels)", "./run.sh bench ctc"),
+    ("ctc_anatomy.md", "jasr.ctc_loss at small shapes: the log recursion with and without its exp/log "
+     "arithmetic (tropical twin) against the whole loss + gradient and optax (issue: lattice kernels)",
+     "python bench/ctc_anatomy.py"),
     ("fsa.md", "graph CTC / intersect_dense / LF-MMI denominator scoring (issue: fsa_ops)", "./run.sh bench fsa"),
     ("fsa_structure.md", "structure ops on 10^6 arcs with ragged aux_labels; compose + determinize of a "
      "lexicon-by-grammar graph (issue: fsa_ops)", "./run.sh bench fsa_structure"),

@@ -118,7 +118,8 @@ def _frame_loop(init, rows, valid, skip, store: bool, semiring: str = "log"):
     fusions with a pad, a concatenate or a broadcast before a slice in them do not vectorise
     their exps and logs. The loop body is then the step, the max (which XLA:CPU runs as two
     reductions for S > 32), the next carry and one table write per direction, plus the loop's own
-    counter and condition: at small shapes its cost is that kernel count, not arithmetic."""
+    counter and condition. At (8, 100, 32, 20) on CPU that kernel count takes ~60 % of the loop's time and the
+    log-add's exps and logs ~40 % (bench/ctc_anatomy.py: the same loop in the tropical semiring)."""
     frames, num_rows, states = rows.shape
     batch = num_rows // 2
     neg_inf = jnp.float32(-jnp.inf)
