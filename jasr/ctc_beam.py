@@ -422,17 +422,20 @@ def _search(o: _Opts, w: _Weights, lm, lex, hot, look, log_probs, paddings, sche
     lengths = jnp.where(scores > _NEG, take(beam.length, sel), 0)
     S = links.shape[0]
 
-    def back(j, carry):   # walk the links [S, B, K, (parent, added)] from the last step (a column's: its last)
-        slot, pos, out = carry
+    def back(j, carry):   # the beam slot of every n-best hypothesis at each step, from the last step back
+        slot, slots = carry
         i = steps - 1 - j
-        link = take(links[i], slot)                                                         # [B, N, 2]
-        tk = jnp.where(last_of[i], link[..., 1], -1)
-        pos = pos - (tk >= 0)
-        at = jnp.broadcast_to(plan.orig_t[:, frame_of[i]][:, None], tk.shape)
-        out = out.at[i].set(jnp.stack([tk, at, jnp.where(tk >= 0, pos, T_out)], -1))
-        return jnp.where(last_of[i], link[..., 0], slot), pos, out
+        slots = slots.at[i].set(slot)
+        return jnp.where(last_of[i], take(links[i], slot)[..., 0], slot), slots
 
-    _, _, out = jax.lax.fori_loop(0, steps, back, (sel, lengths, jnp.full((S, B, N, 3), T_out, jnp.int32)))
+    _, slots = jax.lax.fori_loop(0, steps, back, (sel, jnp.zeros((S, B, N), jnp.int32)))     # [S, B, N]
+    # the token each step added to the hypothesis (a column's: its last chunk), its frame and its position
+    tk = jnp.take_along_axis(links[..., 1], slots, 2)
+    tk = jnp.where((last_of & (jnp.arange(S) < steps))[:, None, None], tk, -1)
+    got = (tk >= 0).astype(jnp.int32)
+    pos = jnp.cumsum(got, 0) - got
+    at = jnp.broadcast_to(plan.orig_t[:, frame_of].T[:, :, None], tk.shape)
+    out = jnp.stack([tk, at, jnp.where(got > 0, pos, T_out)], -1)                         # [S, B, N, 3]
     bi, ni = jnp.meshgrid(jnp.arange(B), jnp.arange(N), indexing="ij")
     bi, ni = jnp.broadcast_to(bi, (S, B, N)), jnp.broadcast_to(ni, (S, B, N))
     dead = scores == _NEG
