@@ -13,7 +13,9 @@ An :class:`NgramLM` holds an ARPA model as arrays (all log-probabilities and bac
 
 ``lm.advance(states, word_ids)`` looks a word up by binary search in its context's row (a fixed number of steps)
 and backs off along ``state_parent`` in a fixed loop over the orders, adding backoffs, so that it runs under jit on
-int32 arrays of any shape. Word ids are the LM's own (``lm.ids(words)``); ids outside [0, V) and unknown words
+int32 arrays of any shape. A model with at most ``DENSE_MAX_ENTRIES`` (state, word) pairs also carries the result
+of that lookup for every pair (``dense``: next state and ln p, [S, V] each, computed by the same function on the
+host), and advances by one gather. Word ids are the LM's own (``lm.ids(words)``); ids outside [0, V) and unknown words
 score as <unk>. A model without <unk> gets one with log10 probability ``unk_log10_prob`` (default -100, as KenLM;
 ``None`` gives -inf, so that an unknown word makes the sentence impossible).
 
@@ -37,7 +39,7 @@ from fsa_ops.sort import arc_sort
 from fsa_ops.symbol_table import SymbolTable
 
 __all__ = ["NgramLM", "Vocabulary", "read_arpa", "write_arpa", "arpa_text", "ngram_lm_from_grams", "lm_grams",
-           "advance_arrays", "ngram_to_fsa"]
+           "advance_arrays", "with_dense_table", "ngram_to_fsa"]
 
 LN10 = math.log(10.0)
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
@@ -63,6 +65,7 @@ class Vocabulary:
         return word in self.index
 
 
+DENSE_MAX_ENTRIES = 1 << 20   # (state, word) pairs up to which a model carries its dense lookup table (8 MB)
 _CHILDREN = ("unigram_logp", "unigram_next", "state_backoff", "state_parent", "state_words", "state_len",
              "row_start", "arc_word", "arc_logp", "arc_next")
 
@@ -73,11 +76,12 @@ class NgramLM:
 
     Static fields: ``order`` (N), ``vocab`` (:class:`Vocabulary`), ``bos_id`` / ``eos_id`` / ``unk_id``,
     ``unk_in_model`` (False when <unk> was added on reading), ``search_steps`` (binary-search steps per row),
-    ``start_id`` (the state of the <s> context).
+    ``start_id`` (the state of the <s> context). Child ``dense``: None, or (next state int32 [S, V], ln p float32
+    [S, V]) of every (state, word) pair (see the module docstring).
     """
 
     def __init__(self, arrays: Mapping[str, object], order: int, vocab: Vocabulary, bos_id: int, eos_id: int,
-                 unk_id: int, unk_in_model: bool, search_steps: int, start_id: int):
+                 unk_id: int, unk_in_model: bool, search_steps: int, start_id: int, dense=None):
         for name in _CHILDREN:
             setattr(self, name, arrays[name])
         self.order = int(order)
@@ -86,17 +90,18 @@ class NgramLM:
         self.unk_in_model = bool(unk_in_model)
         self.search_steps = int(search_steps)
         self.start_id = int(start_id)
+        self.dense = dense
         self._host = None
 
     # ---- pytree ----
     def tree_flatten(self):
         aux = (self.order, self.vocab, self.bos_id, self.eos_id, self.unk_id, self.unk_in_model, self.search_steps,
                self.start_id)
-        return tuple(getattr(self, n) for n in _CHILDREN), aux
+        return tuple(getattr(self, n) for n in _CHILDREN) + (self.dense,), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(dict(zip(_CHILDREN, children)), *aux)
+        return cls(dict(zip(_CHILDREN, children[:-1])), *aux, dense=children[-1])
 
     def on_host(self) -> "NgramLM":
         """The same model with numpy arrays (for host loops; made once per object)."""
@@ -145,6 +150,8 @@ class NgramLM:
 
     def advance(self, states, word_ids) -> Tuple[jax.Array, jax.Array]:
         """(states, word ids) int32 of broadcastable shapes -> (new states int32, ln p(word | state) float32)."""
+        if self.dense is not None:
+            return _advance_dense(self, jnp.asarray(states, jnp.int32), jnp.asarray(word_ids, jnp.int32))
         return _advance_jit(self, jnp.asarray(states, jnp.int32), jnp.asarray(word_ids, jnp.int32))
 
     def final(self, states) -> jax.Array:
@@ -235,6 +242,25 @@ def _advance_jit(lm: NgramLM, states, words):
     return advance_arrays(lm, states, words, jnp)
 
 
+@jax.jit
+def _advance_dense(lm: NgramLM, states, words):
+    states, words = jnp.broadcast_arrays(states, words)
+    w = jnp.where((words >= 0) & (words < lm.vocab_size), words, lm.unk_id)
+    next_state, logp = lm.dense
+    return next_state[states, w], logp[states, w]
+
+
+def with_dense_table(lm: NgramLM) -> NgramLM:
+    """The same model carrying its dense lookup table (module docstring), computed by `advance_arrays` on the host
+    for every (state, word) pair, so that both lookups give the same numbers."""
+    S, V = lm.num_states, lm.vocab_size
+    host = lm.on_host()
+    next_state, logp = advance_arrays(host, np.arange(S, dtype=np.int32)[:, None], np.arange(V, dtype=np.int32)[None],
+                                      np)
+    return NgramLM({n: getattr(lm, n) for n in _CHILDREN}, lm.order, lm.vocab, lm.bos_id, lm.eos_id, lm.unk_id,
+                   lm.unk_in_model, lm.search_steps, lm.start_id, dense=(jnp.asarray(next_state), jnp.asarray(logp)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # building from n-grams
 
@@ -321,8 +347,9 @@ def ngram_lm_from_grams(words: Sequence[str], grams: Grams, unk_log10_prob: Opti
         arc_word=np.asarray(arc_word, np.int32)[perm], arc_logp=np.asarray(arc_logp, np.float32)[perm],
         arc_next=np.asarray(arc_next, np.int32)[perm])
     arrays = {k: jnp.asarray(v) for k, v in arrays.items()}
-    return NgramLM(arrays, order, vocab, vocab.index[BOS], vocab.index[EOS], vocab.index[UNK], unk_in_model,
-                   max(1, math.ceil(math.log2(max_row + 1))), int(unigram_next[vocab.index[BOS]]))
+    lm = NgramLM(arrays, order, vocab, vocab.index[BOS], vocab.index[EOS], vocab.index[UNK], unk_in_model,
+                 max(1, math.ceil(math.log2(max_row + 1))), int(unigram_next[vocab.index[BOS]]))
+    return with_dense_table(lm) if S * V <= DENSE_MAX_ENTRIES else lm
 
 
 def _words(vocab: Vocabulary, g) -> str:

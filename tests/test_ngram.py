@@ -152,6 +152,29 @@ def test_advance_equals_dict_backoff_on_random_text(name):
     assert nh.shape == lh.shape == (S, V) and nh.dtype == np.int32 and lh.dtype == np.float32
 
 
+@pytest.mark.parametrize("name", ["handmade_nounk.arpa", "lmplz_o3.arpa", "lmplz_o4.arpa"])
+def test_dense_table_equals_binary_search(name, monkeypatch):
+    """Small models advance by their dense table; it holds exactly what the binary search computes (next state and
+    ln p of every (state, word) pair, ids out of range as <unk>); above DENSE_MAX_ENTRIES a model has no table."""
+    import jasr.ngram as ngram
+    lm = read_arpa(data(name))
+    assert lm.dense is not None and lm.dense[0].shape == (lm.num_states, lm.vocab_size)
+    children, treedef = jax.tree_util.tree_flatten(lm, is_leaf=lambda x: x is None)
+    assert jax.tree_util.tree_unflatten(treedef, children).dense is not None
+    monkeypatch.setattr(ngram, "DENSE_MAX_ENTRIES", 0)
+    plain = read_arpa(data(name))
+    assert plain.dense is None
+    S, V = lm.num_states, lm.vocab_size
+    states = jnp.asarray(np.repeat(np.arange(S, dtype=np.int32)[:, None], V + 2, 1))
+    wids = jnp.asarray(np.repeat(np.arange(-1, V + 1, dtype=np.int32)[None], S, 0))   # -1 and V: out of range
+    step = jax.jit(lambda lm, s, w: lm.advance(s, w))
+    nd, ld = step(lm, states, wids)
+    nb, lb = step(plain, states, wids)
+    np.testing.assert_array_equal(np.asarray(nd), np.asarray(nb))
+    np.testing.assert_array_equal(np.asarray(ld), np.asarray(lb))
+    np.testing.assert_array_equal(np.asarray(lm.final(states[:, 0])), np.asarray(plain.final(states[:, 0])))
+
+
 def test_unknown_words():
     lm = read_arpa(data("handmade_nounk.arpa"))
     assert not lm.unk_in_model
