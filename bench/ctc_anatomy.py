@@ -3,8 +3,8 @@ transcendentals, against the whole loss + gradient and optax, in one process.
 
     python bench/ctc_anatomy.py [--shapes 8,100,32,20 ...] [--dists normal,x10,...] [--out bench/results/ctc_anatomy.md]
 
-Rows (each jitted, timed in interleaved rounds after a compile and a warm call; inputs from bench/ctc.py's
-protocol, `make_inputs`):
+Rows (each jitted; inputs and timing are bench/ctc.py's protocol: its `make_inputs` and its `measure`, interleaved
+rounds in shuffled order after a compile and two warm calls, median of the steady calls):
 - `loss + grad`: value_and_grad of the summed `fsa_ops.ctc.ctc_nll` (default method 'log'), what bench/ctc.py
   times;
 - `recursion (log)`: the lattice, the log-normaliser and `fsa_ops.ctc_log.run_log` with its tables (the forward
@@ -22,12 +22,8 @@ import datetime
 import importlib.util
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import time
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -68,47 +64,26 @@ def runners(logits, logit_paddings, labels, label_paddings):
     return {name: (lambda f=f: jax.block_until_ready(f(x))) for name, f in fns.items()}
 
 
-def measure(calls, rounds, burst):
-    """Median ms per row over `rounds` interleaved rounds of `burst` timed calls each."""
-    for call in calls.values():
-        call()
-        call()
-    times = {name: [] for name in calls}
-    order = np.random.default_rng(0)
-    names = list(calls)
-    for _ in range(rounds):
-        for name in [names[i] for i in order.permutation(len(names))]:
-            for _ in range(burst):
-                start = time.perf_counter()
-                calls[name]()
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "(uptime unavailable)"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", default=["8,100,32,20", "32,250,32,60"], help="B,T,K,N entries")
     parser.add_argument("--dists", default="normal,x10,model", help="comma-separated: normal, x3, x10, model")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--burst", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=9, help="minimum rounds per input (bench/ctc.py's protocol)")
+    parser.add_argument("--min-seconds", type=float, default=1.0,
+                        help="more rounds until each row ran about this long")
+    parser.add_argument("--burst-ms", type=float, default=3.0, help="steady calls per turn: about this long, 1 to 8")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "ctc_anatomy.md"))
     args = parser.parse_args()
     bench_ctc = _bench_ctc()
-    load_before = uptime()
+    load_before = bench_ctc.uptime()
     rows = []
     for shape_text in args.shapes:
         shape = tuple(int(v) for v in shape_text.split(","))
         for dist in args.dists.split(","):
             logits, fp, labels, lpad, _, _ = bench_ctc.make_inputs(shape, dist)
-            ms = measure(runners(logits, fp, labels, lpad), args.rounds, args.burst)
-            rows.append((shape, dist, ms))
+            ms, rounds = bench_ctc.measure(runners(logits, fp, labels, lpad), args.reps, args.min_seconds,
+                                           args.burst_ms)
+            rows.append((shape, dist, ms, rounds))
             print(shape, dist, {k: round(v, 3) for k, v in ms.items()}, flush=True)
     names = list(rows[0][2])
     lines = [
@@ -117,22 +92,23 @@ def main():
         f"`python bench/ctc_anatomy.py` — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
         f"{platform.machine()}, {os.cpu_count()} CPU cores; jax {jax.__version__}, optax {optax.__version__}.",
         "",
-        f"Load: `{load_before}` before, `{uptime()}` after (shared machine: absolute times are noisy; the rows of "
-        f"one input are interleaved in the same rounds). ms = median of {args.rounds} rounds x {args.burst} calls.",
+        f"Load: `{load_before}` before, `{bench_ctc.uptime()}` after (shared machine: absolute times are noisy; the "
+        f"rows of one input are interleaved in the same rounds). ms = median of the steady calls (bench/ctc.py's "
+        f"protocol: at least {args.reps} rounds, more until each row ran ~{args.min_seconds:g} s).",
         "",
         "Rows: see the script's docstring. `log-add arithmetic` = recursion (log) - recursion (tropical): the "
         "exps and logs of the log semiring, the only difference of the two loops. `optax / (loss + grad - "
         "log-add)`: the speed-up over optax that a free log-add would give.",
         "",
         "| B, T, K, N | inputs | " + " | ".join(names) + " | log-add arithmetic | optax / loss+grad | "
-        "optax / (loss + grad - log-add) |",
-        "| --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: | ---: |",
+        "optax / (loss + grad - log-add) | rounds |",
+        "| --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: | ---: | ---: |",
     ]
-    for shape, dist, ms in rows:
+    for shape, dist, ms, rounds in rows:
         logadd = ms["recursion (log)"] - ms["recursion (tropical)"]
         lines.append(f"| {', '.join(map(str, shape))} | {dist} | " + " | ".join(f"{ms[n]:.3f}" for n in names)
                      + f" | {logadd:.3f} | {ms['optax'] / ms['loss + grad']:.2f} | "
-                     f"{ms['optax'] / max(ms['loss + grad'] - logadd, 1e-9):.2f} |")
+                     f"{ms['optax'] / max(ms['loss + grad'] - logadd, 1e-9):.2f} | {rounds} |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -204,8 +204,7 @@ def advance_arrays(lm: NgramLM, states, words, xp=jnp):
     add the state's backoff and go to its parent. Words never found above fall back to the unigram table.
     """
     states, words = xp.broadcast_arrays(xp.asarray(states, xp.int32), xp.asarray(words, xp.int32))
-    V = lm.vocab_size
-    w = xp.where((words >= 0) & (words < V), words, lm.unk_id)
+    w = _known_words(lm, words, xp)
     arc_word, arc_logp, arc_next = lm.arc_word, lm.arc_logp, lm.arc_next
     last = arc_word.shape[0] - 1
 
@@ -237,6 +236,11 @@ def advance_arrays(lm: NgramLM, states, words, xp=jnp):
     return nxt.astype(xp.int32), logp.astype(xp.float32)
 
 
+def _known_words(lm: NgramLM, words, xp):
+    """Word ids outside [0, V) as <unk>."""
+    return xp.where((words >= 0) & (words < lm.vocab_size), words, lm.unk_id)
+
+
 @jax.jit
 def _advance_jit(lm: NgramLM, states, words):
     return advance_arrays(lm, states, words, jnp)
@@ -245,7 +249,7 @@ def _advance_jit(lm: NgramLM, states, words):
 @jax.jit
 def _advance_dense(lm: NgramLM, states, words):
     states, words = jnp.broadcast_arrays(states, words)
-    w = jnp.where((words >= 0) & (words < lm.vocab_size), words, lm.unk_id)
+    w = _known_words(lm, words, jnp)
     next_state, logp = lm.dense
     return next_state[states, w], logp[states, w]
 

@@ -156,12 +156,11 @@ def test_advance_equals_dict_backoff_on_random_text(name):
 def test_dense_table_equals_binary_search(name, monkeypatch):
     """Small models advance by their dense table; it holds exactly what the binary search computes (next state and
     ln p of every (state, word) pair, ids out of range as <unk>); above DENSE_MAX_ENTRIES a model has no table."""
-    import jasr.ngram as ngram
     lm = read_arpa(data(name))
     assert lm.dense is not None and lm.dense[0].shape == (lm.num_states, lm.vocab_size)
-    children, treedef = jax.tree_util.tree_flatten(lm, is_leaf=lambda x: x is None)
-    assert jax.tree_util.tree_unflatten(treedef, children).dense is not None
-    monkeypatch.setattr(ngram, "DENSE_MAX_ENTRIES", 0)
+    leaves, treedef = jax.tree_util.tree_flatten(lm)
+    assert jax.tree_util.tree_unflatten(treedef, leaves).dense is not None
+    monkeypatch.setattr("jasr.ngram.DENSE_MAX_ENTRIES", 0)
     plain = read_arpa(data(name))
     assert plain.dense is None
     S, V = lm.num_states, lm.vocab_size
